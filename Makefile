@@ -1,0 +1,60 @@
+# The course's two commands: `make book` builds the HTML book, `make test` proves everything in it.
+# Both create the virtual environment .venv on first use. Python 3.11 or later.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+BUILD_FLAGS := --warningiserror --keep-going
+
+.PHONY: book test test-lib test-notebooks test-book test-browser lint notebooks bench lock clean help
+
+help:
+	@echo "make book       build the HTML book into _build/html"
+	@echo "make test       lint, library tests, strict nbval over every chapter, the book build, the browser check"
+	@echo "make notebooks  re-run every chapter and store its outputs (after changing a chapter or the library)"
+	@echo "make bench      speed and memory of the library against PyTorch's fused kernel"
+
+$(STAMP): requirements.txt constraints.txt
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11 or later is needed")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt -c constraints.txt
+	touch $@
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
+	@echo "The book is at $(CURDIR)/_build/html/index.html"
+
+test: $(STAMP) lint test-lib test-notebooks test-book test-browser
+
+lint: $(STAMP)
+	$(BIN)/ruff check lib tests tools benchmarks chapters
+
+test-lib: $(STAMP)
+	$(BIN)/python -m pytest -n 2 tests
+
+test-notebooks: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg chapters
+
+test-book: $(STAMP)
+	rm -rf _build/html
+	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
+
+test-browser: $(STAMP)
+	@echo "(browser check of the built book: not set up yet)"
+
+notebooks: $(STAMP)
+	$(BIN)/python tools/refresh_notebooks.py
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_attention.py
+
+lock: $(STAMP)
+	@echo "# Exact versions of everything requirements.txt pulls in, so a fresh machine builds the book CI built." > constraints.txt
+	@echo "# Regenerate with: make lock" >> constraints.txt
+	$(BIN)/python -m pip freeze | sed 's/+cpu$$//' >> constraints.txt
+
+clean:
+	rm -rf _build

@@ -1,0 +1,570 @@
+"""lib.attention against PyTorch's kernel, and the properties no oracle states.
+
+The oracle is torch.nn.functional.scaled_dot_product_attention in float64. Its attention weights come from the same
+kernel: attention with V = the identity matrix returns the weight matrix itself.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lib import attention as attn
+
+TOL = dict(rtol=1e-9, atol=1e-9)
+IMPLEMENTATIONS = {
+    "attention": attn.attention,
+    "attention_loop": attn.attention_loop,
+    "tiled_attention": attn.tiled_attention,
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Helpers: the oracle, and random cases
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def combined_mask(mask, causal, L, S):
+    """The one attn_mask for SDPA that means `mask` and `causal` together (SDPA is inconsistent with both)."""
+    if not causal:
+        return mask
+    tril = torch.ones(L, S, dtype=torch.bool).tril()
+    if mask is None:
+        return tril
+    if mask.dtype == torch.bool:
+        return mask & tril
+    return mask.masked_fill(~tril, -math.inf)
+
+
+def sdpa(q, k, v, mask=None, causal=False, scale=None):
+    """The oracle on NumPy float64 inputs; batch dims broadcast by hand, as SDPA expects equal ones."""
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    tq, tk, tv = (torch.from_numpy(np.broadcast_to(x, batch + x.shape[-2:]).copy()) for x in (q, k, v))
+    tm = None if mask is None else torch.from_numpy(np.asarray(mask))
+    tm = combined_mask(tm, causal, q.shape[-2], k.shape[-2])
+    return F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm, scale=scale).numpy()
+
+
+def sdpa_weights(q, k, mask=None, causal=False, scale=None):
+    S = k.shape[-2]
+    return sdpa(q, k, np.eye(S), mask, causal, scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+
+
+@st.composite
+def cases(draw, max_batch_dims=2, max_len=6):
+    """Random q, k, v (float64) with broadcasting batch dims, L != S, E != Ev, and an optional mask of any kind."""
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    batch = tuple(draw(st.lists(st.integers(1, 3), max_size=max_batch_dims)))
+    L, S = draw(st.integers(1, max_len)), draw(st.integers(1, max_len))
+    E, Ev = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+
+    def batch_for(full):
+        # each operand may drop leading batch dims or hold 1 where the others hold more
+        dims = full[draw(st.integers(0, len(full))):]
+        return tuple(1 if draw(st.booleans()) else d for d in dims)
+
+    q = rng.standard_normal(batch_for(batch) + (L, E)) * draw(st.sampled_from([0.5, 1.0, 3.0]))
+    k = rng.standard_normal(batch_for(batch) + (S, E))
+    v = rng.standard_normal(batch_for(batch) + (S, Ev))
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    kind = draw(st.sampled_from(["none", "bool", "float", "float-inf"]))
+    mask = None
+    if kind != "none":
+        mshape = batch_for(batch) + tuple(1 if draw(st.booleans()) else n for n in (L, S))
+        if kind == "bool":
+            mask = rng.random(mshape) < draw(st.sampled_from([0.3, 0.7, 1.0]))
+        else:
+            mask = rng.standard_normal(mshape)
+            if kind == "float-inf":
+                mask[rng.random(mshape) < 0.4] = -np.inf
+    causal = draw(st.booleans())
+    scale = draw(st.sampled_from([None, None, 0.1, 1.0, 2.5]))
+    return q, k, v, mask, causal, scale
+
+
+def to_torch(*arrays, **kw):
+    return [None if a is None else torch.from_numpy(np.asarray(a)).to(**kw) for a in arrays]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The oracle: every path, both backends
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@given(cases())
+def test_every_path_matches_sdpa_numpy(case):
+    q, k, v, mask, causal, scale = case
+    expected = sdpa(q, k, v, mask, causal, scale)
+    for name, fn in IMPLEMENTATIONS.items():
+        got = fn(q, k, v, mask, causal=causal, scale=scale)
+        assert isinstance(got, np.ndarray) and got.dtype == np.float64, name
+        np.testing.assert_allclose(got, expected, **TOL, err_msg=name)
+
+
+@given(cases())
+def test_every_path_matches_sdpa_torch(case):
+    q, k, v, mask, causal, scale = case
+    expected = torch.from_numpy(sdpa(q, k, v, mask, causal, scale))
+    tq, tk, tv, tm = to_torch(q, k, v, mask)
+    for name, fn in IMPLEMENTATIONS.items():
+        got = fn(tq, tk, tv, tm, causal=causal, scale=scale)
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.float64, name
+        torch.testing.assert_close(got, expected, **TOL, msg=name)
+
+
+@given(cases(), st.integers(1, 4), st.integers(1, 4))
+def test_tiled_matches_sdpa_for_any_block_shape(case, bq, bk):
+    q, k, v, mask, causal, scale = case
+    got = attn.tiled_attention(q, k, v, mask, causal=causal, scale=scale, block_size=(bq, bk))
+    np.testing.assert_allclose(got, sdpa(q, k, v, mask, causal, scale), **TOL)
+
+
+@given(cases())
+def test_weights_match_sdpa(case):
+    q, k, v, mask, causal, scale = case
+    expected = sdpa_weights(q, k, mask, causal, scale)
+    np.testing.assert_allclose(attn.attention_weights(q, k, mask, causal=causal, scale=scale), expected, **TOL)
+    out, w = attn.attention(q, k, v, mask, causal=causal, scale=scale, return_weights=True)
+    np.testing.assert_allclose(w, expected, **TOL)
+    np.testing.assert_allclose(out, w @ v, **TOL)
+
+
+def test_larger_shapes_match_sdpa_with_multiple_tiles():
+    rng = np.random.default_rng(7)
+    q, k, v = rng.standard_normal((2, 3, 300, 16)), rng.standard_normal((2, 3, 700, 16)), rng.standard_normal((1, 3, 700, 24))
+    mask = rng.random((2, 1, 300, 700)) < 0.8
+    for causal in (False, True):
+        expected = sdpa(q, k, v, mask, causal)
+        np.testing.assert_allclose(attn.attention(q, k, v, mask, causal=causal), expected, **TOL)
+        np.testing.assert_allclose(
+            attn.tiled_attention(q, k, v, mask, causal=causal, block_size=(64, 128)), expected, **TOL
+        )
+
+
+@given(cases(max_batch_dims=1, max_len=5))
+def test_gradients_match_sdpa(case):
+    q, k, v, mask, causal, scale = case
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    q, k, v = (np.broadcast_to(x, batch + x.shape[-2:]).copy() for x in (q, k, v))
+    grad_out = np.random.default_rng(1).standard_normal(batch + (q.shape[-2], v.shape[-1]))
+
+    def grads(fn, use_sdpa):
+        tq, tk, tv = (t.requires_grad_() for t in to_torch(q, k, v))
+        tm = None if mask is None else torch.from_numpy(np.asarray(mask))
+        if use_sdpa:
+            out = F.scaled_dot_product_attention(
+                tq, tk, tv, attn_mask=combined_mask(tm, causal, q.shape[-2], k.shape[-2]), scale=scale
+            )
+        else:
+            out = fn(tq, tk, tv, tm, causal=causal, scale=scale)
+        out.backward(torch.from_numpy(grad_out))
+        return [t.grad for t in (tq, tk, tv)]
+
+    expected = grads(None, True)
+    for name, fn in IMPLEMENTATIONS.items():
+        for g, e in zip(grads(fn, False), expected):
+            assert torch.isfinite(g).all(), name
+            torch.testing.assert_close(g, e, **TOL, msg=name)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Properties no oracle states
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@given(cases())
+def test_rows_sum_to_one_or_zero_when_nothing_is_allowed(case):
+    q, k, _, mask, causal, scale = case
+    w = attn.attention_weights(q, k, mask, causal=causal, scale=scale)
+    assert (w >= 0).all()
+    sums = w.sum(-1)
+    allowed = np.ones(w.shape, dtype=bool)
+    if mask is not None:
+        allowed &= (mask if mask.dtype == bool else mask > -np.inf)
+    if causal:
+        allowed &= np.tril(np.ones(w.shape[-2:], dtype=bool))
+    anything = allowed.any(-1)
+    np.testing.assert_allclose(sums[anything], 1.0, rtol=1e-12)
+    assert (w[~anything] == 0).all()
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+def test_future_tokens_cannot_change_earlier_outputs(name):
+    fn = IMPLEMENTATIONS[name]
+    rng = np.random.default_rng(3)
+    n, d = 9, 4
+    x = rng.standard_normal((3, n, d))
+    before = fn(x[0], x[1], x[2], causal=True)
+    for t in range(n - 1):
+        changed = x.copy()
+        changed[:, t + 1 :] = rng.standard_normal(changed[:, t + 1 :].shape) * 10
+        after = fn(changed[0], changed[1], changed[2], causal=True)
+        np.testing.assert_array_equal(after[: t + 1], before[: t + 1])
+        assert not np.allclose(after[t + 1 :], before[t + 1 :])
+
+
+@given(cases(max_batch_dims=0))
+def test_permuting_keys_and_values_together_changes_nothing(case):
+    q, k, v, mask, _, scale = case
+    perm = np.random.default_rng(0).permutation(k.shape[-2])
+    pmask = None if mask is None else np.broadcast_to(mask, mask.shape[:-1] + (k.shape[-2],))[..., perm]
+    for name, fn in IMPLEMENTATIONS.items():
+        np.testing.assert_allclose(
+            fn(q, k[..., perm, :], v[..., perm, :], pmask, scale=scale), fn(q, k, v, mask, scale=scale), **TOL, err_msg=name
+        )
+
+
+@given(cases(max_batch_dims=0))
+def test_permuting_queries_permutes_outputs(case):
+    q, k, v, mask, _, scale = case
+    perm = np.random.default_rng(0).permutation(q.shape[-2])
+    pmask = None if mask is None else np.broadcast_to(mask, (q.shape[-2], mask.shape[-1]))[perm]
+    np.testing.assert_allclose(
+        attn.attention(q[perm], k, v, pmask, scale=scale), attn.attention(q, k, v, mask, scale=scale)[perm], **TOL
+    )
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_huge_logits_stay_finite_and_exact(name, backend):
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((4, 8)) * 100, rng.standard_normal((6, 8)) * 100, rng.standard_normal((6, 3))
+    scores = q @ k.T / math.sqrt(8)
+    assert np.abs(scores).max() > 1e4  # naive exp overflows far below this
+    expected = sdpa(q, k, v)
+    args = (q, k, v) if backend == "numpy" else to_torch(q, k, v)
+    got = np.asarray(IMPLEMENTATIONS[name](*args))
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, expected, **TOL)
+    got32 = np.asarray(IMPLEMENTATIONS[name](*(a.astype(np.float32) if backend == "numpy" else a.float() for a in args)))
+    assert np.isfinite(got32).all()
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+def test_float32_stays_float32(name):
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 5, 4)).astype(np.float32) for _ in range(3))
+    mask = rng.random((5, 5)) < 0.5
+    fmask = np.where(mask, 0.0, -np.inf)  # float64 mask: must not promote the result
+    for m in (None, mask, fmask):
+        out = IMPLEMENTATIONS[name](q, k, v, m, causal=True)
+        assert out.dtype == np.float32
+        t = IMPLEMENTATIONS[name](*to_torch(q, k, v), None if m is None else torch.from_numpy(m), causal=True)
+        assert t.dtype == torch.float32
+        np.testing.assert_allclose(out, sdpa(*(x.astype(np.float64) for x in (q, k, v)), m, True), rtol=1e-5, atol=1e-6)
+    assert attn.attention_weights(q, k).dtype == np.float32
+    assert attn.softmax(q).dtype == np.float32
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_returns_its_own_dtype_close_to_float32(name, dtype):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 6, 8, generator=g) * 4 for _ in range(3))
+    got = IMPLEMENTATIONS[name](q.to(dtype), k.to(dtype), v.to(dtype), causal=True)
+    assert got.dtype == dtype
+    ref = attn.attention(q.to(dtype).float(), k.to(dtype).float(), v.to(dtype).float(), causal=True)
+    # the only difference allowed is the final rounding to the half type (8 bits of mantissa for bfloat16)
+    torch.testing.assert_close(got.float(), ref, rtol=2**-7, atol=1e-3)
+
+
+def test_numpy_float16_returns_float16():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((5, 4)).astype(np.float16) for _ in range(3))
+    for fn in IMPLEMENTATIONS.values():
+        out = fn(q, k, v)
+        assert out.dtype == np.float16
+        np.testing.assert_allclose(out, attn.attention(*(x.astype(np.float32) for x in (q, k, v))), atol=2e-3)
+
+
+def test_integers_are_promoted_to_the_default_float():
+    q = np.arange(6).reshape(2, 3)
+    out = attn.attention(q, q, q)
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, attn.attention(q.astype(float), q.astype(float), q.astype(float)))
+    t = attn.attention(*(torch.from_numpy(q) for _ in range(3)))
+    assert t.dtype == torch.get_default_dtype()
+    assert attn.softmax(np.array([1, 2, 3])).dtype == np.float64
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+def test_fully_masked_rows_give_zeros_and_finite_gradients(name):
+    fn = IMPLEMENTATIONS[name]
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 3, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3))
+    bool_mask = torch.ones(2, 4, 4, dtype=torch.bool)
+    bool_mask[0, 1] = False
+    bool_mask[1, :, :] = False
+    float_mask = torch.zeros(4, 4, dtype=torch.float64)
+    float_mask[2] = -math.inf
+    for mask in (bool_mask, float_mask):
+        out = fn(q, k, v, mask)
+        dead = ~mask.expand(2, 4, 4).any(-1) if mask.dtype == torch.bool else (mask == -math.inf).all(-1).expand(2, 4)
+        assert dead.any()
+        assert (out[dead] == 0).all()
+        assert torch.isfinite(out).all()
+        (out * torch.randn(out.shape, generator=g, dtype=out.dtype)).sum().backward()
+        for t in (q, k, v):
+            assert torch.isfinite(t.grad).all()
+            t.grad = None
+        # a row that can attend nothing sends no gradient to its query
+        out = fn(q, k, v, bool_mask)
+        out.sum().backward()
+        assert (q.grad[1] == 0).all() and (q.grad[0, 1] == 0).all()
+        for t in (q, k, v):
+            t.grad = None
+
+
+def test_a_finite_fill_is_not_a_mask_but_minus_inf_is():
+    """The bugs -inf masking prevents: with -1e9 a fully masked row silently attends to everything."""
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((3, 4)), rng.standard_normal((5, 4)), rng.standard_normal((5, 2))
+    fill = np.zeros((3, 5))
+    fill[1] = -1e9  # added to every score of row 1: the softmax cannot see a constant shift
+    np.testing.assert_allclose(attn.attention(q, k, v, fill)[1], attn.attention(q, k, v)[1], rtol=1e-6)
+    scores = q @ k.T / 2.0
+    scores[1] = -1e9  # written over the scores (masked_fill): every key equally likely
+    np.testing.assert_allclose(attn.softmax(scores)[1] @ v, v.mean(0), rtol=1e-12)
+    fill[1] = -np.inf
+    assert (attn.attention(q, k, v, fill)[1] == 0).all()
+
+
+def test_empty_lengths():
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((0, 4)), rng.standard_normal((3, 4)), rng.standard_normal((3, 2))
+    for fn in IMPLEMENTATIONS.values():
+        assert fn(q, k, v).shape == (0, 2)
+        assert (fn(rng.standard_normal((2, 4)), k[:0], v[:0]) == 0).all()
+        assert fn(rng.standard_normal((2, 4)), k[:0], v[:0]).shape == (2, 2)
+
+
+def test_inputs_are_never_modified():
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((2, 5, 4)), rng.standard_normal((2, 6, 4)), rng.standard_normal((2, 6, 3))
+    mask = rng.standard_normal((5, 6))
+    mask[0] = -np.inf
+    copies = [x.copy() for x in (q, k, v, mask)]
+    for fn in IMPLEMENTATIONS.values():
+        fn(q, k, v, mask, causal=True)
+    attn.attention_weights(q, k, mask)
+    attn.softmax(q)
+    for x, c in zip((q, k, v, mask), copies):
+        np.testing.assert_array_equal(x, c)
+
+
+def test_torch_path_stays_differentiable_and_on_device():
+    q = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    for fn in IMPLEMENTATIONS.values():
+        out = fn(q, q, q)
+        assert out.requires_grad and out.device == q.device
+    assert attn.softmax(q).requires_grad
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# softmax, the masks and the device helper
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@given(st.lists(st.floats(-1e4, 1e4), min_size=1, max_size=8), st.floats(-1e3, 1e3))
+def test_softmax_matches_torch_and_ignores_shifts(xs, shift):
+    x = np.array(xs)
+    expected = torch.softmax(torch.from_numpy(x), -1).numpy()
+    np.testing.assert_allclose(attn.softmax(x), expected, rtol=1e-12, atol=1e-300)
+    np.testing.assert_allclose(attn.softmax(x + shift), attn.softmax(x), rtol=1e-6, atol=1e-12)
+    assert math.isclose(attn.softmax(x).sum(), 1.0, rel_tol=1e-12)
+
+
+def test_softmax_axis_and_minus_inf_rows():
+    x = np.array([[1.0, 2.0, 3.0], [-np.inf, -np.inf, -np.inf], [0.0, -np.inf, 0.0]])
+    out = attn.softmax(x)
+    np.testing.assert_array_equal(out[1], 0.0)
+    np.testing.assert_allclose(out[2], [0.5, 0.0, 0.5])
+    np.testing.assert_allclose(attn.softmax(x[[0, 2]], axis=0), torch.softmax(torch.from_numpy(x[[0, 2]]), 0).numpy())
+    t = attn.softmax(torch.from_numpy(x))
+    np.testing.assert_array_equal(t.numpy(), out)
+    assert np.isfinite(attn.softmax(np.array([1000.0, 0.0]))).all()
+
+
+def test_causal_mask_is_top_left_tril():
+    for L, S in [(4, 4), (3, 6), (6, 3), (0, 2), (1, 1)]:
+        m = attn.causal_mask(L, S)
+        assert m.dtype == bool and m.shape == (L, S)
+        np.testing.assert_array_equal(m, np.tril(np.ones((L, S), dtype=bool)))
+    np.testing.assert_array_equal(attn.causal_mask(5), np.tril(np.ones((5, 5), dtype=bool)))
+    t = attn.causal_mask(3, 4, like=torch.zeros(1))
+    assert t.dtype == torch.bool
+    np.testing.assert_array_equal(t.numpy(), attn.causal_mask(3, 4))
+
+
+def test_causal_mask_matches_is_causal():
+    rng = np.random.default_rng(0)
+    q, k, v = to_torch(rng.standard_normal((5, 3)), rng.standard_normal((7, 3)), rng.standard_normal((7, 2)))
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(attn.attention(q, k, v, causal=True), expected, **TOL)
+    torch.testing.assert_close(attn.attention(q, k, v, attn.causal_mask(5, 7, like=q)), expected, **TOL)
+
+
+def test_padding_mask():
+    m = attn.padding_mask([3, 1, 0], 4)
+    assert m.shape == (3, 1, 4) and m.dtype == bool
+    np.testing.assert_array_equal(m[:, 0], [[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
+    t = attn.padding_mask(torch.tensor([2, 4]), 4)
+    assert t.dtype == torch.bool and t.shape == (2, 1, 4)
+    np.testing.assert_array_equal(t.numpy()[:, 0], [[1, 1, 0, 0], [1, 1, 1, 1]])
+
+
+def test_padding_gives_the_unpadded_outputs():
+    rng = np.random.default_rng(0)
+    lengths, S, d = [5, 2, 4], 5, 3
+    x = rng.standard_normal((3, S, d))
+    out = attn.attention(x, x, x, attn.padding_mask(lengths, S))
+    for b, n in enumerate(lengths):
+        np.testing.assert_allclose(out[b, :n], attn.attention(x[b, :n], x[b, :n], x[b, :n]), **TOL)
+
+
+def test_best_device_is_a_usable_device():
+    device = attn.best_device()
+    assert isinstance(device, torch.device)
+    expected = "cuda" if torch.cuda.is_available() else None
+    if expected:
+        assert device.type == expected
+    assert torch.zeros(1, device=device).device.type == device.type
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bad input: the right exception, and a message that names the problem
+# ----------------------------------------------------------------------------------------------------------------
+
+A = np.ones((2, 3, 4))
+
+BAD_CALLS = [
+    ("mixed numpy and torch", lambda f: f(A, torch.ones(2, 3, 4), A), TypeError, ["torch.Tensor", "numpy"]),
+    ("mixed mask", lambda f: f(A, A, A, torch.ones(3, 3, dtype=torch.bool)), TypeError, ["mask", "torch.Tensor"]),
+    ("E disagrees", lambda f: f(np.ones((3, 4)), np.ones((5, 3)), np.ones((5, 2))), ValueError, ["E=3", "E=4"]),
+    ("S disagrees", lambda f: f(np.ones((3, 4)), np.ones((5, 4)), np.ones((6, 2))), ValueError, ["S=6", "S=5"]),
+    ("batch", lambda f: f(np.ones((2, 3, 4)), np.ones((3, 3, 4)), np.ones((3, 3, 4))), ValueError, ["batch", "(2,)", "(3,)"]),
+    ("1-D q", lambda f: f(np.ones(4), np.ones((3, 4)), np.ones((3, 4))), ValueError, ["q", "(4,)", "2-D"]),
+    ("mask shape", lambda f: f(A, A, A, np.ones((4, 3), dtype=bool)), ValueError, ["mask", "(4, 3)", "(2, 3, 3)"]),
+    ("mask adds batch", lambda f: f(A, A, A, np.ones((5, 3, 3), dtype=bool)), ValueError, ["mask", "(5, 3, 3)"]),
+    ("int mask", lambda f: f(A, A, A, np.ones((3, 3), dtype=int)), TypeError, ["mask", "int64", "boolean"]),
+    ("nan mask", lambda f: f(A, A, A, np.full((3, 3), np.nan)), ValueError, ["mask", "NaN"]),
+    ("+inf mask", lambda f: f(A, A, A, np.full((3, 3), np.inf)), ValueError, ["mask", "+inf"]),
+    ("complex", lambda f: f(A.astype(complex), A, A), TypeError, ["q", "complex"]),
+    ("strings", lambda f: f(np.array([["a", "b"]]), A, A), TypeError, ["q", "<U1"]),
+    ("objects", lambda f: f(A.astype(object), A, A), TypeError, ["q", "object"]),
+    ("bool q", lambda f: f(A, A.astype(bool), A), TypeError, ["k", "bool"]),
+    ("torch complex", lambda f: f(*(torch.ones(3, 4, dtype=torch.complex64) for _ in range(3))), TypeError, ["q", "complex"]),
+    ("scale text", lambda f: f(A, A, A, scale="big"), TypeError, ["scale", "str"]),
+    ("scale nan", lambda f: f(A, A, A, scale=float("nan")), ValueError, ["scale", "finite"]),
+    ("scale bool", lambda f: f(A, A, A, scale=True), TypeError, ["scale", "bool"]),
+    ("causal text", lambda f: f(A, A, A, causal="yes"), TypeError, ["causal"]),
+    ("E=0", lambda f: f(np.ones((2, 0)), np.ones((2, 0)), np.ones((2, 3))), ValueError, ["E=0", "scale"]),
+    ("None", lambda f: f(A, None, A), TypeError, ["k", "None"]),
+    ("ragged", lambda f: f([[1.0, 2.0], [1.0]], A, A), TypeError, ["q"]),
+    ("devices", lambda f: f(torch.ones(2, 3), torch.ones(2, 3, device="meta"), torch.ones(2, 3)), ValueError, ["device", "meta"]),
+]
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+@pytest.mark.parametrize("call, exc, words", [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS])
+def test_bad_input_is_named(name, call, exc, words):
+    with pytest.raises(exc) as info:
+        call(IMPLEMENTATIONS[name])
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+def test_attention_weights_checks_too():
+    with pytest.raises(ValueError, match="E=3"):
+        attn.attention_weights(np.ones((3, 4)), np.ones((5, 3)))
+    with pytest.raises(ValueError, match=r"mask of shape \(4, 4\)"):
+        attn.attention_weights(np.ones((3, 4)), np.ones((5, 4)), np.ones((4, 4), dtype=bool))
+    with pytest.raises(TypeError, match="return_weights"):
+        attn.attention(A, A, A, return_weights="yes")
+
+
+@pytest.mark.parametrize(
+    "block, exc, words",
+    [(0, ValueError, ["at least 1", "0"]), (-3, ValueError, ["at least 1"]), (1.5, TypeError, ["float"]),
+     (True, TypeError, ["bool"]), ((4, 0), ValueError, ["at least 1"]), ((1, 2, 3), ValueError, ["pair"])],
+)
+def test_bad_block_size(block, exc, words):
+    with pytest.raises(exc) as info:
+        attn.tiled_attention(A, A, A, block_size=block)
+    assert "block_size" in str(info.value)
+    for word in words:
+        assert word in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "call, exc, words",
+    [
+        (lambda: attn.padding_mask([2, -1], 4), ValueError, ["non-negative", "-1"]),
+        (lambda: attn.padding_mask([2, 5], 4), ValueError, ["at most S=4", "5"]),
+        (lambda: attn.padding_mask([1.5], 4), TypeError, ["integers", "float64"]),
+        (lambda: attn.padding_mask([[1, 2]], 4), ValueError, ["1-D", "(1, 2)"]),
+        (lambda: attn.padding_mask(torch.tensor([1.0]), 4), TypeError, ["integers", "float32"]),
+        (lambda: attn.padding_mask([1], -2), ValueError, ["S", "non-negative"]),
+        (lambda: attn.causal_mask(-1), ValueError, ["L", "non-negative", "-1"]),
+        (lambda: attn.causal_mask(3, -2), ValueError, ["S", "-2"]),
+        (lambda: attn.causal_mask(2.5), TypeError, ["L", "integer", "float"]),
+        (lambda: attn.causal_mask(3, like=[1]), TypeError, ["like"]),
+        (lambda: attn.softmax(np.ones(3), axis=1), ValueError, ["axis 1", "1 dimensions"]),
+        (lambda: attn.softmax(np.ones(3), axis=0.5), TypeError, ["axis", "float"]),
+        (lambda: attn.softmax(np.array(["a"])), TypeError, ["x", "<U1"]),
+    ],
+)
+def test_bad_mask_and_softmax_arguments(call, exc, words):
+    with pytest.raises(exc) as info:
+        call()
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# On a GPU: the same checks on CUDA, in float32 and half precision
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_cuda_matches_sdpa(name, dtype):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 40, 16, generator=g) for _ in range(3))
+    mask = torch.rand(2, 1, 40, 40, generator=g) < 0.7
+    mask[0, 0, 5] = False
+    q, k, v, mask = (t.cuda() for t in (q, k, v, mask))
+    got = IMPLEMENTATIONS[name](q.to(dtype), k.to(dtype), v.to(dtype), mask, causal=True)
+    assert got.device.type == "cuda" and got.dtype == dtype
+    expected = F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=combined_mask(mask.cpu(), True, 40, 40).cuda()
+    )
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), expected, rtol=tol, atol=tol)
+    assert (got[0, :, 5] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+def test_cuda_gradients_match_sdpa(name):
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(2, 12, 8, generator=g, dtype=torch.float64).cuda() for _ in range(3)]
+    mask = (torch.rand(12, 12, generator=g) < 0.6).cuda()
+    mask[3] = False
+
+    def grads(fn):
+        ts = [t.clone().requires_grad_() for t in base]
+        fn(*ts).sum().backward()
+        return [t.grad for t in ts]
+
+    ours = grads(lambda q, k, v: IMPLEMENTATIONS[name](q, k, v, mask))
+    theirs = grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    for a, b in zip(ours, theirs):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, **TOL)

@@ -1,0 +1,59 @@
+"""Re-run chapter notebooks top to bottom and store their outputs in a normalised form.
+
+Usage: python tools/refresh_notebooks.py [chapters/NN_slug.ipynb ...]   (no argument: every chapter)
+
+Each notebook runs in one fresh kernel with chapters/ as the working directory, as the book build and nbval run
+it. Afterwards only stable metadata is kept (kernel, language name, the Colab settings), so that a refresh with no
+change to the code leaves git with nothing to show.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import time
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info", "colab", "accelerator")
+KEEP_CELL_METADATA = ("tags", "mystnb")
+
+
+def normalise(nb):
+    nb.metadata = {key: nb.metadata[key] for key in KEEP_NOTEBOOK_METADATA if key in nb.metadata}
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.metadata["language_info"] = {"name": "python"}
+    for cell in nb.cells:
+        cell.metadata = {key: cell.metadata[key] for key in KEEP_CELL_METADATA if key in cell.metadata}
+        if cell.cell_type == "code":
+            for output in cell.get("outputs", []):
+                output.get("metadata", {}).pop("execution", None)
+    return nb
+
+
+def refresh(path):
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=600,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        record_timing=False,
+    )
+    start = time.perf_counter()
+    client.execute()
+    nbformat.write(normalise(nb), path)
+    return time.perf_counter() - start
+
+
+def main(args):
+    paths = [pathlib.Path(a).resolve() for a in args] or sorted((ROOT / "chapters").glob("*.ipynb"))
+    for path in paths:
+        seconds = refresh(path)
+        print(f"refreshed {path.relative_to(ROOT)} in {seconds:.1f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,26 @@
+# Course setup, the same in every chapter. In the repository it finds lib/ above this notebook. Elsewhere (Colab)
+# it clones the course once beside the notebook, installing nothing: Colab's own torch, NumPy and matplotlib stay.
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO_URL = "https://github.com/attention-course/scaled-dot-product-attention"
+BRANCH = "main"
+
+
+def course_root():
+    here = pathlib.Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "lib" / "attention.py").is_file():
+            return folder
+    clone = pathlib.Path(os.environ.get("COURSE_CLONE_DIR", here / "attention-course"))
+    if not (clone / "lib" / "attention.py").is_file():
+        url = os.environ.get("COURSE_REPO_URL", REPO_URL)
+        subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", BRANCH, url, str(clone)], check=True)
+    return clone
+
+
+ROOT = str(course_root())
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
