@@ -79,6 +79,10 @@ class _NumpyOps:
         return np.exp(x)
 
     @staticmethod
+    def isnan(x):
+        return np.isnan(x)
+
+    @staticmethod
     def exp_(x):
         return np.exp(x, out=x)
 
@@ -165,6 +169,9 @@ class _TorchOps:
 
     def exp(self, x):
         return self.torch.exp(x)
+
+    def isnan(self, x):
+        return self.torch.isnan(x)
 
     def exp_(self, x):
         return x.exp()
@@ -381,7 +388,7 @@ def _check_mask(ops, mask, scores_shape, cdtype):
     if is_bool:
         return mask
     mask = ops.astype(mask, cdtype)
-    bad = (mask != mask) | (mask == math.inf)
+    bad = ops.isnan(mask) | (mask == math.inf)
     if bool(bad.any()):
         raise ValueError("a floating mask may hold finite values and -inf only; it holds NaN or +inf")
     return mask
@@ -594,8 +601,21 @@ def _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S):
     return ops.div_(acc, ops.where(total == 0, 1.0, total))
 
 
+PARALLEL_MIN_SCORES = 1 << 18  # below this many scores a thread pool costs more than it saves
+
+
 def _workers():
     return max(1, min(4, os.cpu_count() or 1))
+
+
+def _one_blas_thread():
+    """A context that holds BLAS to one thread, or None without threadpoolctl. Each worker then runs its small
+    matrix products alone: a pool of workers each starting a team of BLAS threads runs many times slower."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=DEFAULT_BLOCK):
@@ -620,8 +640,10 @@ def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=
 
     if ops is _NUMPY:
         out = np.empty(batch + (L,) + _shape(v)[-1:], dtype=q.dtype)  # (..., L, Ev)
-        if len(blocks) > 1 and _workers() > 1:
-            with ThreadPoolExecutor(_workers()) as pool:
+        big = math.prod(batch) * L * S >= PARALLEL_MIN_SCORES
+        limit = _one_blas_thread() if big and len(blocks) > 1 and _workers() > 1 else None
+        if limit is not None:
+            with limit, ThreadPoolExecutor(_workers()) as pool:
                 for rows, part in zip(blocks, pool.map(run, blocks)):
                     out[..., rows, :] = part
         else:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from lib import attention as attn
 
-TOL = dict(rtol=1e-9, atol=1e-9)
+TOL = {"rtol": 1e-9, "atol": 1e-9}
 IMPLEMENTATIONS = {
     "attention": attn.attention,
     "attention_loop": attn.attention_loop,
@@ -87,6 +87,12 @@ def cases(draw, max_batch_dims=2, max_len=6):
     return q, k, v, mask, causal, scale
 
 
+def full_batch(x, *others):
+    """x broadcast over the batch dims of x and others."""
+    batch = np.broadcast_shapes(*(a.shape[:-2] for a in (x, *others)))
+    return np.broadcast_to(x, batch + x.shape[-2:])
+
+
 def to_torch(*arrays, **kw):
     return [None if a is None else torch.from_numpy(np.asarray(a)).to(**kw) for a in arrays]
 
@@ -127,6 +133,7 @@ def test_tiled_matches_sdpa_for_any_block_shape(case, bq, bk):
 @given(cases())
 def test_weights_match_sdpa(case):
     q, k, v, mask, causal, scale = case
+    q = full_batch(q, k, v)  # the mask may carry v's batch dims, which the weights alone do not have
     expected = sdpa_weights(q, k, mask, causal, scale)
     np.testing.assert_allclose(attn.attention_weights(q, k, mask, causal=causal, scale=scale), expected, **TOL)
     out, w = attn.attention(q, k, v, mask, causal=causal, scale=scale, return_weights=True)
@@ -179,7 +186,8 @@ def test_gradients_match_sdpa(case):
 
 @given(cases())
 def test_rows_sum_to_one_or_zero_when_nothing_is_allowed(case):
-    q, k, _, mask, causal, scale = case
+    q, k, v, mask, causal, scale = case
+    q = full_batch(q, k, v)
     w = attn.attention_weights(q, k, mask, causal=causal, scale=scale)
     assert (w >= 0).all()
     sums = w.sum(-1)
