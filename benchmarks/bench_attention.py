@@ -6,10 +6,12 @@
 
 Every implementation runs on the same inputs, interleaved (A, B, C, A, B, C, ...) after one warm-up each, so a
 machine that slows down mid-run slows all of them alike; the figure reported is the median. Ratios are to PyTorch's
-`scaled_dot_product_attention` measured in the same run. Peak memory is measured beyond the inputs and the output:
-on CPU as the rise of the process's resident-set high-water mark (Linux VmHWM, reset before each call), with glibc
-told to return large blocks to the system at once so one call's freed memory cannot hide the next call's peak; on
-CUDA with torch.cuda.max_memory_allocated. It prints figures; nothing here passes or fails.
+`scaled_dot_product_attention` measured in the same run, and each output is compared with its output. Peak memory
+is measured beyond the inputs and the output. On CPU each implementation runs once more in a fresh process, with
+glibc told to hand large blocks back to the system at once (so freed memory cannot hide a peak), and the rise of
+the resident-set high-water mark (Linux VmHWM, reset before the call) is its peak; timings come from the normal
+process, where glibc's usual reuse of freed blocks applies. On CUDA, torch.cuda.max_memory_allocated. It prints
+figures; nothing here passes or fails.
 """
 
 from __future__ import annotations
@@ -19,13 +21,9 @@ import os
 import pathlib
 import platform
 import statistics
+import subprocess
 import sys
 import time
-
-if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and sys.platform.startswith("linux"):
-    # A fixed mmap threshold stops glibc from keeping freed large blocks resident, which would hide later peaks.
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(1 << 20)
-    os.execv(sys.executable, [sys.executable, *sys.argv])
 
 import numpy as np
 import torch
@@ -72,9 +70,13 @@ def cuda_peak(fn):
 
 
 def implementations(n, d, device, dtype, seed=0):
-    """{name: zero-argument callable}, all on the same q, k, v of shape (1, n, d)."""
+    """{name: zero-argument callable}, all on the same q, k, v of shape (batch 1, heads 1, n, d).
+
+    Four dimensions matter: given three, PyTorch's CPU dispatcher skips its fused flash kernel for the plain
+    matrix-form math, which is slower and holds the n × n matrix.
+    """
     rng = np.random.default_rng(seed)
-    q, k, v = (rng.standard_normal((1, n, d), dtype=np.float32) for _ in range(3))
+    q, k, v = (rng.standard_normal((1, 1, n, d), dtype=np.float32) for _ in range(3))
     torch_dtype = getattr(torch, dtype)
     tq, tk, tv = (torch.from_numpy(x).to(device=device, dtype=torch_dtype) for x in (q, k, v))
     impls = {"torch sdpa (fused)": lambda: F.scaled_dot_product_attention(tq, tk, tv)}
@@ -97,6 +99,14 @@ def check_agreement(impls):
     return errors
 
 
+def peak_in_fresh_process(name, n, d, dtype):
+    """Peak memory of one implementation, measured in a new process whose glibc returns freed blocks at once."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(1 << 20))
+    cmd = [sys.executable, __file__, "--peak-of", name, "--sizes", str(n), "--d", str(d), "--dtype", dtype]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return int(result.stdout.split()[-1])
+
+
 def bench(n, d, device, dtype, reps, skip):
     impls, _ = implementations(n, d, device, dtype)
     impls = {k: f for k, f in impls.items() if not any(s in k for s in skip)}
@@ -111,6 +121,8 @@ def bench(n, d, device, dtype, reps, skip):
             seconds, peak = measure(fn)
             times[name].append(seconds)
             peaks[name].append(peak)
+    if device == "cpu":
+        peaks = {name: [peak_in_fresh_process(name, n, d, dtype)] for name in impls}
     out_bytes = n * d * torch.finfo(getattr(torch, dtype)).bits // 8
     base = statistics.median(times["torch sdpa (fused)"])
     rows = []
@@ -139,16 +151,19 @@ def main():
     parser.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--skip", nargs="*", default=[], help="leave out implementations whose name contains this")
     parser.add_argument(
-        "--memory-only", type=int, metavar="N", help="only the tiled path's peak memory at this n (numpy, float32)"
+        "--memory-only", type=int, metavar="N", help="only the NumPy tiled path's peak memory at this n, float32"
     )
+    parser.add_argument("--peak-of", help=argparse.SUPPRESS)  # internal: one implementation's peak, in bytes
     args = parser.parse_args()
+    if args.peak_of:
+        impls, _ = implementations(args.sizes[0], args.d, "cpu", args.dtype[0])
+        print(cpu_peak(impls[args.peak_of])[1])
+        return
     print(f"machine: {machine(args.device)}")
     if args.memory_only:
         n = args.memory_only
-        rng = np.random.default_rng(0)
-        q, k, v = (rng.standard_normal((1, n, args.d), dtype=np.float32) for _ in range(3))
-        seconds, peak = cpu_peak(lambda: attn.tiled_attention(q, k, v))
-        extra = peak - n * args.d * 4
+        seconds = cpu_peak(implementations(n, args.d, "cpu", "float32")[0]["lib.tiled_attention (numpy)"])[0]
+        extra = peak_in_fresh_process("lib.tiled_attention (numpy)", n, args.d, "float32") - n * args.d * 4
         print(f"lib.tiled_attention (numpy), n = {n:,}, d = {args.d}, float32: {seconds:.2f} s, "
               f"peak beyond inputs and output {extra / MiB:.1f} MiB (the score matrix alone: {n * n * 4 / MiB:,.0f} MiB)")
         return

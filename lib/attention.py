@@ -112,6 +112,10 @@ class _NumpyOps:
         return np.where(cond, a, b)
 
     @staticmethod
+    def maximum(a, b):
+        return np.maximum(a, b)
+
+    @staticmethod
     def zeros(shape, like):
         return np.zeros(shape, dtype=like.dtype)
 
@@ -193,6 +197,9 @@ class _TorchOps:
 
     def where(self, cond, a, b):
         return self.torch.where(cond, a, b)
+
+    def maximum(self, a, b):
+        return self.torch.maximum(a, b)
 
     def zeros(self, shape, like):
         return self.torch.zeros(shape, dtype=like.dtype, device=like.device)
@@ -423,16 +430,43 @@ def _causal_pattern(ops, rows, cols, like):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _safe_softmax_(ops, x, axis):
-    """Softmax along axis, in place for NumPy. A row of -inf gives zeros: its max is replaced by 0 before the
-    shift (so -inf - -inf never makes NaN) and its total of 0 by 1 (so 0/0 never does)."""
-    if x.shape[axis] == 0:
-        return x  # softmax over no entries: nothing to normalise
+def _exp_shifted_(ops, x, axis=-1):
+    """(exp(x - max), total) along axis, the exponentials in place for NumPy; softmax is their ratio.
+
+    A row of -inf gives zeros: its max is replaced by 0 before the shift (so -inf - -inf never makes NaN) and
+    its total of 0 by 1 (so 0/0 never does)."""
+    if x.shape[axis] == 0:  # softmax over no entries: nothing to normalise
+        return x, ops.full(_shape(x)[:axis % x.ndim] + (1,) + _shape(x)[axis % x.ndim + 1 :], 1.0, x)
     m = ops.detach(ops.amax(x, axis))
     m = ops.where(m == -math.inf, 0.0, m)
     x = ops.exp_(ops.sub_(x, m))
     total = ops.sum(x, axis)
-    return ops.div_(x, ops.where(total == 0, 1.0, total))
+    return x, ops.where(total == 0, 1.0, total)
+
+
+def _safe_softmax_(ops, x, axis):
+    """Softmax along axis, in place for NumPy; a row of -inf gives zeros."""
+    x, total = _exp_shifted_(ops, x, axis)
+    return ops.div_(x, total)
+
+
+def _exp_shifted_rows_(ops, scores):
+    """_exp_shifted_ along the last axis. A large NumPy matrix is done in chunks of rows on the thread pool:
+    NumPy's exp runs on one core, and a chunk that fits in cache makes the five passes over it cheap."""
+    S = scores.shape[-1]
+    if ops is not _NUMPY or scores.size < PARALLEL_MIN_SCORES or _workers() == 1 or S == 0:
+        return _exp_shifted_(ops, scores)
+    flat = scores.reshape(-1, S)  # a view: scores is a fresh contiguous array
+    totals = np.empty((flat.shape[0], 1), dtype=scores.dtype)
+    step = max(1, (1 << 19) // S)  # about 2 MiB of float32 a chunk
+
+    def run(start):
+        rows = slice(start, start + step)
+        totals[rows] = _exp_shifted_(ops, flat[rows])[1]
+
+    with ThreadPoolExecutor(_workers()) as pool:
+        list(pool.map(run, range(0, flat.shape[0], step)))
+    return scores, totals.reshape(_shape(scores)[:-1] + (1,))
 
 
 def softmax(x, axis=-1):
@@ -459,11 +493,12 @@ def softmax(x, axis=-1):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _weights(ops, q, k, mask, causal, scale, L, S):
+def _exp_scores(ops, q, k, mask, causal, scale, L, S):
+    """exp(scores - row max) and the row totals: the weights are their ratio, (..., L, S) and (..., L, 1)."""
     scores = (q * scale) @ k.swapaxes(-1, -2)  # (..., L, S)
     allowed = _causal_pattern(ops, range(L), range(S), q) if causal else None
     scores = _apply_mask(ops, scores, mask, allowed)
-    return _safe_softmax_(ops, scores, -1)  # (..., L, S)
+    return _exp_shifted_rows_(ops, scores)
 
 
 def attention_weights(q, k, mask=None, *, causal=False, scale=None):
@@ -476,7 +511,8 @@ def attention_weights(q, k, mask=None, *, causal=False, scale=None):
     """
     ops, q, k, _, mask, scale, out_dtype, _, L, S = _prepare(q, k, None, mask, scale, need_v=False)
     _check_flag(causal, "causal")
-    return ops.astype(_weights(ops, q, k, mask, causal, scale, L, S), out_dtype)
+    e, total = _exp_scores(ops, q, k, mask, causal, scale, L, S)
+    return ops.astype(ops.div_(e, total), out_dtype)  # (..., L, S)
 
 
 def attention(q, k, v, mask=None, *, causal=False, scale=None, return_weights=False):
@@ -491,9 +527,12 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, return_weights=Fa
     ops, q, k, v, mask, scale, out_dtype, _, L, S = _prepare(q, k, v, mask, scale)
     _check_flag(causal, "causal")
     _check_flag(return_weights, "return_weights")
-    w = _weights(ops, q, k, mask, causal, scale, L, S)  # (..., L, S)
-    out = ops.astype(w @ v, out_dtype)  # (..., L, Ev)
-    return (out, ops.astype(w, out_dtype)) if return_weights else out
+    e, total = _exp_scores(ops, q, k, mask, causal, scale, L, S)
+    if return_weights:
+        w = ops.div_(e, total)  # (..., L, S)
+        return ops.astype(w @ v, out_dtype), ops.astype(w, out_dtype)
+    # dividing the (..., L, Ev) output by the row totals is the same as dividing the weights, and L·S cheaper
+    return ops.astype(ops.div_(e @ v, total), out_dtype)  # (..., L, Ev)
 
 
 def _check_flag(value, name):
@@ -551,7 +590,7 @@ def attention_loop(q, k, v, mask=None, *, causal=False, scale=None):
 # Attention in tiles (FlashAttention's idea, chapter 7)
 # --------------------------------------------------------------------------------------------------------------
 
-DEFAULT_BLOCK = (256, 512)
+DEFAULT_BLOCK = (256, 2048)
 
 
 def _check_block(block_size):
@@ -581,22 +620,25 @@ def _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S):
     m = ops.full(shape, -math.inf, qs)  # running max of each row's scores
     total = ops.zeros(shape, qs)  # running sum of exp(score - m)
     acc = ops.zeros(_shape(qs)[:-1] + _shape(v)[-1:], qs)  # running sum of exp(score - m) v, (..., bq, Ev)
+    kt = k.swapaxes(-1, -2)  # (..., E, S)
     for j0 in range(0, S, bk):
         cols = slice(j0, min(j0 + bk, S))
         if causal and cols.start > rows.stop - 1:
             break  # every later key block lies wholly in the future of this query block
-        s = qs @ k[..., cols, :].swapaxes(-1, -2)  # (..., bq, bk)
+        s = qs @ kt[..., cols]  # (..., bq, bk)
         allowed = None
         if causal and cols.stop - 1 > rows.start:  # the tile crosses the diagonal
             allowed = _causal_pattern(ops, range(rows.start, rows.stop), range(cols.start, cols.stop), qs)
         s = _apply_mask(ops, s, None if mask is None else _slice_tile(mask, rows, cols), allowed)
-        row_max = ops.detach(ops.amax(s, -1))
-        m_new = ops.where(row_max > m, row_max, m)
+        m_new = ops.maximum(m, ops.detach(ops.amax(s, -1)))
         shift = ops.where(m_new == -math.inf, 0.0, m_new)  # a row with nothing allowed yet shifts by 0, not -inf
         p = ops.exp_(ops.sub_(s, shift))  # (..., bq, bk)
-        alpha = ops.exp_(m - shift)  # rescales what was accumulated under the old max; 0 while m is -inf
-        total = ops.add_(ops.mul_(total, alpha), ops.sum(p, -1))
-        acc = ops.add_(ops.mul_(acc, alpha), p @ v[..., cols, :])
+        if j0 == 0:  # nothing accumulated yet: no rescaling
+            total, acc = ops.sum(p, -1), p @ v[..., cols, :]
+        else:
+            alpha = ops.exp_(m - shift)  # rescales what was accumulated under the old max; 0 while m is -inf
+            total = ops.add_(ops.mul_(total, alpha), ops.sum(p, -1))
+            acc = ops.add_(ops.mul_(acc, alpha), p @ v[..., cols, :])
         m = m_new
     return ops.div_(acc, ops.where(total == 0, 1.0, total))
 
@@ -608,14 +650,19 @@ def _workers():
     return max(1, min(4, os.cpu_count() or 1))
 
 
+_BLAS_CONTROLLER = []  # threadpoolctl's controller, found once: finding the libraries takes a millisecond
+
+
 def _one_blas_thread():
     """A context that holds BLAS to one thread, or None without threadpoolctl. Each worker then runs its small
     matrix products alone: a pool of workers each starting a team of BLAS threads runs many times slower."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return None
-    return threadpool_limits(limits=1, user_api="blas")
+    if not _BLAS_CONTROLLER:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            return None
+        _BLAS_CONTROLLER.append(ThreadpoolController())
+    return _BLAS_CONTROLLER[0].limit(limits=1, user_api="blas")
 
 
 def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=DEFAULT_BLOCK):
