@@ -142,7 +142,9 @@ class SelfAttention:
         x = np.asarray(x)
         _check_input(x, self.d_model)
         q, k, v = x @ self.w_q, x @ self.w_k, x @ self.w_v  # (..., L, E), (..., L, E), (..., L, Ev)
-        out, weights = attn.attention(q, k, v, mask, causal=causal, return_weights=True)  # (..., L, Ev)
+        # without weights the library takes its cheaper path, so the output is exactly attn.attention's
+        out = attn.attention(q, k, v, mask, causal=causal, return_weights=return_weights)  # (..., L, Ev)
+        out, weights = out if return_weights else (out, None)
         if self.w_o is not None:
             out = out @ self.w_o  # (..., L, Do)
         return (out, weights) if return_weights else out
@@ -207,7 +209,8 @@ def _build_torch_class():
                 weights = nn.functional.dropout(weights, self.dropout, training=True)
                 out = weights @ v  # (..., L, Ev)
             else:
-                out, weights = attn.attention(q, k, v, mask, causal=causal, return_weights=True)  # (..., L, Ev)
+                out = attn.attention(q, k, v, mask, causal=causal, return_weights=return_weights)  # (..., L, Ev)
+                out, weights = out if return_weights else (out, None)
             if self.w_o is not None:
                 out = out @ self.w_o  # (..., L, Do)
             return (out, weights) if return_weights else out

@@ -25,7 +25,8 @@ def normalise(nb):
     nb.metadata = {key: nb.metadata[key] for key in KEEP_NOTEBOOK_METADATA if key in nb.metadata}
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nb.metadata["language_info"] = {"name": "python"}
-    for cell in nb.cells:
+    for index, cell in enumerate(nb.cells):
+        cell.id = f"cell-{index:03d}"  # stable ids: a regenerated notebook diffs only where its content changed
         cell.metadata = {key: cell.metadata[key] for key in KEEP_CELL_METADATA if key in cell.metadata}
         if cell.cell_type == "code":
             for output in cell.get("outputs", []):
