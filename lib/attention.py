@@ -458,7 +458,7 @@ def _exp_shifted_rows_(ops, scores):
         return _exp_shifted_(ops, scores)
     flat = scores.reshape(-1, S)  # a view: scores is a fresh contiguous array
     totals = np.empty((flat.shape[0], 1), dtype=scores.dtype)
-    step = max(1, (1 << 19) // S)  # about 2 MiB of float32 a chunk
+    step = max(1, SOFTMAX_CHUNK // S)
 
     def run(start):
         rows = slice(start, start + step)
@@ -612,9 +612,10 @@ def _slice_tile(x, rows, cols):
     return x[..., r, c]
 
 
-def _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S):
+def _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S, scratch=None):
     """Online softmax over key blocks for one block of queries: output rows (..., bq, Ev) and nothing larger
-    than (..., bq, bk) held at once."""
+    than (..., bq, bk) held at once. NumPy may pass ``scratch``, a (..., bq, bk) buffer the scores are written
+    into, so that a worker reuses one block of memory instead of asking for a fresh one for every tile."""
     qs = q[..., rows, :] * scale  # (..., bq, E)
     shape = _shape(qs)[:-1] + (1,)
     m = ops.full(shape, -math.inf, qs)  # running max of each row's scores
@@ -625,7 +626,10 @@ def _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S):
         cols = slice(j0, min(j0 + bk, S))
         if causal and cols.start > rows.stop - 1:
             break  # every later key block lies wholly in the future of this query block
-        s = qs @ kt[..., cols]  # (..., bq, bk)
+        if scratch is None:
+            s = qs @ kt[..., cols]  # (..., bq, bk)
+        else:
+            s = np.matmul(qs, kt[..., cols], out=scratch[..., : qs.shape[-2], : cols.stop - cols.start])
         allowed = None
         if causal and cols.stop - 1 > rows.start:  # the tile crosses the diagonal
             allowed = _causal_pattern(ops, range(rows.start, rows.stop), range(cols.start, cols.stop), qs)
@@ -644,6 +648,7 @@ def _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S):
 
 
 PARALLEL_MIN_SCORES = 1 << 18  # below this many scores a thread pool costs more than it saves
+SOFTMAX_CHUNK = 1 << 19  # scores per chunk of rows in the threaded softmax: 2 MiB of float32
 
 
 def _workers():
@@ -682,23 +687,25 @@ def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=
     v = ops.broadcast_to(v, batch + _shape(v)[-2:])
     blocks = [slice(i0, min(i0 + bq, L)) for i0 in range(0, L, bq)]
 
-    def run(rows):
-        return _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S)
-
     if ops is _NUMPY:
         out = np.empty(batch + (L,) + _shape(v)[-1:], dtype=q.dtype)  # (..., L, Ev)
         big = math.prod(batch) * L * S >= PARALLEL_MIN_SCORES
         limit = _one_blas_thread() if big and len(blocks) > 1 and _workers() > 1 else None
+        workers = _workers() if limit is not None else 1
+
+        def run(worker):  # every workers-th query block, all with one scratch buffer
+            scratch = np.empty(batch + (min(bq, L), min(bk, S)), dtype=q.dtype)  # (..., bq, bk)
+            for rows in blocks[worker::workers]:
+                out[..., rows, :] = _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S, scratch)
+
         if limit is not None:
-            with limit, ThreadPoolExecutor(_workers()) as pool:
-                for rows, part in zip(blocks, pool.map(run, blocks)):
-                    out[..., rows, :] = part
+            with limit, ThreadPoolExecutor(workers) as pool:
+                list(pool.map(run, range(workers)))
         else:
-            for rows in blocks:
-                out[..., rows, :] = run(rows)
+            run(0)
         return out.astype(out_dtype, copy=False)
     torch = ops.torch
-    parts = [run(rows) for rows in blocks]
+    parts = [_query_block(ops, q, k, v, mask, causal, scale, rows, bk, S) for rows in blocks]
     out = torch.cat(parts, dim=-2) if parts else ops.zeros(batch + (L,) + _shape(v)[-1:], q)
     return out.to(out_dtype)
 
