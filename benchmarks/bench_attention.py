@@ -5,7 +5,10 @@
     python benchmarks/bench_attention.py --device cuda --dtype bfloat16 float32 --sizes 1024 4096 16384
 
 Every implementation runs on the same inputs, interleaved (A, B, C, A, B, C, ...) after one warm-up each, so a
-machine that slows down mid-run slows all of them alike; the figure reported is the median. Ratios are to PyTorch's
+machine that slows down mid-run slows all of them alike; the figure reported is the median. The thread pools of
+OpenBLAS and of PyTorch's OpenMP keep spinning for a while after a call, so interleaving times each implementation
+partly while its predecessor's threads still hold a core; --settle SECONDS pauses before each timed call to show
+how much of a ratio that accounts for (see results.md). Ratios are to PyTorch's
 `scaled_dot_product_attention` measured in the same run, and each output is compared with its output. Peak memory
 is measured beyond the inputs and the output. On CPU each implementation runs once more in a fresh process, with
 glibc told to hand large blocks back to the system at once (so freed memory cannot hide a peak), and the rise of
@@ -107,7 +110,7 @@ def peak_in_fresh_process(name, n, d, dtype):
     return int(result.stdout.split()[-1])
 
 
-def bench(n, d, device, dtype, reps, skip):
+def bench(n, d, device, dtype, reps, skip, settle):
     impls, _ = implementations(n, d, device, dtype)
     impls = {k: f for k, f in impls.items() if not any(s in k for s in skip)}
     measure = cuda_peak if device == "cuda" else cpu_peak
@@ -118,6 +121,7 @@ def bench(n, d, device, dtype, reps, skip):
         measure(fn)  # warm-up
     for _ in range(reps):
         for name, fn in impls.items():
+            time.sleep(settle)
             seconds, peak = measure(fn)
             times[name].append(seconds)
             peaks[name].append(peak)
@@ -150,6 +154,7 @@ def main():
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--skip", nargs="*", default=[], help="leave out implementations whose name contains this")
+    parser.add_argument("--settle", type=float, default=0.0, help="seconds to pause before each timed call")
     parser.add_argument(
         "--memory-only", type=int, metavar="N", help="only the NumPy tiled path's peak memory at this n, float32"
     )
@@ -168,11 +173,12 @@ def main():
               f"peak beyond inputs and output {extra / MiB:.1f} MiB (the score matrix alone: {n * n * 4 / MiB:,.0f} MiB)")
         return
     for dtype in args.dtype:
-        print(f"\n{args.device}, {dtype}, one head, d = {args.d}, median of {args.reps} interleaved runs")
+        print(f"\n{args.device}, {dtype}, one head, d = {args.d}, median of {args.reps} interleaved runs, "
+              f"{args.settle} s pause before each")
         print(f"{'n':>7}  {'implementation':<30} {'time (ms)':>10} {'÷ sdpa':>8} {'peak extra (MiB)':>17} "
               f"{'max |Δ| vs sdpa':>16}")
         for n in args.sizes:
-            for name, t, ratio, extra, error in bench(n, args.d, args.device, dtype, args.reps, args.skip):
+            for name, t, ratio, extra, error in bench(n, args.d, args.device, dtype, args.reps, args.skip, args.settle):
                 print(f"{n:>7,}  {name:<30} {t * 1e3:>10.1f} {ratio:>8.2f} {extra / MiB:>17.1f} {error:>16.1e}")
             sys.stdout.flush()
 
