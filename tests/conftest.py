@@ -27,3 +27,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After a passing browser check, say how much of the built book it covered."""
+    ran_browser = any(r.nodeid.startswith("tests/test_book_browser.py") for r in terminalreporter.stats.get("passed", []))
+    if exitstatus == 0 and ran_browser:
+        from test_book_browser import summary
+
+        counts = ", ".join(f"{n} {what}" for what, n in summary().items())
+        terminalreporter.write_line(f"browser check of the built book: {counts}")
