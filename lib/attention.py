@@ -145,10 +145,6 @@ class _NumpyOps:
     def detach(x):
         return x
 
-    @staticmethod
-    def bool_array(x, like):
-        return np.asarray(x, dtype=bool)
-
 
 class _TorchOps:
     name = "torch"
@@ -221,9 +217,6 @@ class _TorchOps:
 
     def detach(self, x):
         return x.detach()
-
-    def bool_array(self, x, like):
-        return self.torch.as_tensor(x, dtype=self.torch.bool, device=like.device)
 
 
 _NUMPY = _NumpyOps()
