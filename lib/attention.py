@@ -670,7 +670,8 @@ def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=
     int or a pair (query block, key block): memory beyond the inputs and output grows like the tile,
     (..., query block, key block), not like L × S. For each block of queries it walks the key blocks keeping a
     running maximum and a running sum, rescaling what it has accumulated whenever the maximum grows. On NumPy
-    the query blocks run on a small thread pool, since NumPy releases the interpreter lock inside its kernels.
+    a large problem's query blocks run on a small thread pool (NumPy releases the interpreter lock inside its
+    kernels), each worker with one BLAS thread and one score buffer it reuses for every tile.
     """
     ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale)
     _check_flag(causal, "causal")
