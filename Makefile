@@ -50,7 +50,7 @@ test-browser: $(STAMP)
 ifeq ($(CHROMIUM),)
 	@echo "SKIPPED the browser check of the built book: no headless Chromium here (apt-get install chromium-headless-shell)"
 else
-	$(BIN)/python -m pytest -p no:cacheprovider -n 2 -s tests/test_book_browser.py
+	$(BIN)/python -m pytest -p no:cacheprovider -n 2 tests/test_book_browser.py
 endif
 
 notebooks: $(STAMP)

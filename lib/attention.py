@@ -447,9 +447,10 @@ def _exp_shifted_rows_(ops, scores):
     """_exp_shifted_ along the last axis. A large NumPy matrix is done in chunks of rows on the thread pool:
     NumPy's exp runs on one core, and a chunk that fits in cache makes the five passes over it cheap."""
     S = scores.shape[-1]
-    if ops is not _NUMPY or scores.size < PARALLEL_MIN_SCORES or _workers() == 1 or S == 0:
+    small = ops is not _NUMPY or scores.size < PARALLEL_MIN_SCORES or _workers() == 1 or S == 0
+    if small or not scores.flags.c_contiguous:  # the chunks must be views, written in place
         return _exp_shifted_(ops, scores)
-    flat = scores.reshape(-1, S)  # a view: scores is a fresh contiguous array
+    flat = scores.reshape(-1, S)  # (rows, S), a view of scores
     totals = np.empty((flat.shape[0], 1), dtype=scores.dtype)
     step = max(1, SOFTMAX_CHUNK // S)
 
