@@ -2,14 +2,15 @@
 
     make bench                                   # CPU, float32, one head, d = 64, n = 1,024 ... 16,384
     .venv/bin/python benchmarks/bench_attention.py --sizes 4096 --reps 9
+    .venv/bin/python benchmarks/bench_attention.py --torch-paths   # also the library's torch paths on CPU
     python benchmarks/bench_attention.py --device cuda --dtype bfloat16 float32 --sizes 1024 4096 16384
 
 Every implementation runs on the same inputs, interleaved (A, B, C, A, B, C, ...) after one warm-up each, so a
-machine that slows down mid-run slows all of them alike; the figure reported is the median. The thread pools of
-OpenBLAS and of PyTorch's OpenMP keep spinning for a while after a call, so interleaving times each implementation
-partly while its predecessor's threads still hold a core; --settle SECONDS pauses before each timed call to show
-how much of a ratio that accounts for (see results.md). Ratios are to PyTorch's
-`scaled_dot_product_attention` measured in the same run, and each output is compared with its output. Peak memory
+machine that slows down mid-run slows all of them alike; the figure reported is the median. Thread pools such as
+PyTorch's OpenMP threads, or OpenBLAS's when it runs threaded, keep spinning for a while after a call, so
+interleaving times each implementation partly while its predecessor's threads still hold a core; --settle SECONDS
+pauses before each timed call to show how much of a ratio that accounts for (see results.md). Ratios are to
+PyTorch's `scaled_dot_product_attention` measured in the same run, and each output is compared with its output. Peak memory
 is measured beyond the inputs and the output. On CPU each implementation runs once more in a fresh process, with
 glibc told to hand large blocks back to the system at once (so freed memory cannot hide a peak), and the rise of
 the resident-set high-water mark (Linux VmHWM, reset before the call) is its peak; timings come from the normal
@@ -72,8 +73,10 @@ def cuda_peak(fn):
     return start.elapsed_time(end) / 1000, peak
 
 
-def implementations(n, d, device, dtype, seed=0):
+def implementations(n, d, device, dtype, seed=0, torch_paths=True):
     """{name: zero-argument callable}, all on the same q, k, v of shape (batch 1, heads 1, n, d).
+
+    On CPU in float32 the NumPy paths run; the library's torch paths run on CUDA, and on CPU with torch_paths.
 
     Four dimensions matter: given three, PyTorch's CPU dispatcher skips its fused flash kernel for the plain
     matrix-form math, which is slower and holds the n × n matrix.
@@ -86,8 +89,9 @@ def implementations(n, d, device, dtype, seed=0):
     if device == "cpu" and dtype == "float32":
         impls["lib.attention (numpy)"] = lambda: attn.attention(q, k, v)
         impls["lib.tiled_attention (numpy)"] = lambda: attn.tiled_attention(q, k, v)
-    impls["lib.attention (torch)"] = lambda: attn.attention(tq, tk, tv)
-    impls["lib.tiled_attention (torch)"] = lambda: attn.tiled_attention(tq, tk, tv)
+    if torch_paths or device != "cpu":
+        impls["lib.attention (torch)"] = lambda: attn.attention(tq, tk, tv)
+        impls["lib.tiled_attention (torch)"] = lambda: attn.tiled_attention(tq, tk, tv)
     return impls, (tq, tk, tv)
 
 
@@ -110,8 +114,8 @@ def peak_in_fresh_process(name, n, d, dtype):
     return int(result.stdout.split()[-1])
 
 
-def bench(n, d, device, dtype, reps, skip, settle):
-    impls, _ = implementations(n, d, device, dtype)
+def bench(n, d, device, dtype, reps, skip, settle, torch_paths):
+    impls, _ = implementations(n, d, device, dtype, torch_paths=torch_paths)
     impls = {k: f for k, f in impls.items() if not any(s in k for s in skip)}
     measure = cuda_peak if device == "cuda" else cpu_peak
     errors = check_agreement(impls)
@@ -150,10 +154,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--d", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float16", "bfloat16"])
     parser.add_argument("--skip", nargs="*", default=[], help="leave out implementations whose name contains this")
+    parser.add_argument(
+        "--torch-paths", action="store_true", help="on CPU, also time the library's torch paths (always on CUDA)"
+    )
     parser.add_argument("--settle", type=float, default=0.0, help="seconds to pause before each timed call")
     parser.add_argument(
         "--memory-only", type=int, metavar="N", help="only the NumPy tiled path's peak memory at this n, float32"
@@ -178,7 +185,9 @@ def main():
         print(f"{'n':>7}  {'implementation':<30} {'time (ms)':>10} {'÷ sdpa':>8} {'peak extra (MiB)':>17} "
               f"{'max |Δ| vs sdpa':>16}")
         for n in args.sizes:
-            for name, t, ratio, extra, error in bench(n, args.d, args.device, dtype, args.reps, args.skip, args.settle):
+            for name, t, ratio, extra, error in bench(
+                n, args.d, args.device, dtype, args.reps, args.skip, args.settle, args.torch_paths
+            ):
                 print(f"{n:>7,}  {name:<30} {t * 1e3:>10.1f} {ratio:>8.2f} {extra / MiB:>17.1f} {error:>16.1e}")
             sys.stdout.flush()
 

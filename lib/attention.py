@@ -27,6 +27,7 @@ import math
 import numbers
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -419,6 +420,35 @@ def _causal_pattern(ops, rows, cols, like):
 
 
 # --------------------------------------------------------------------------------------------------------------
+# Threads. NumPy runs each kernel on one core, so a large NumPy problem is cut into independent pieces (chunks of
+# rows, blocks of queries) that a small pool of threads works through; NumPy releases the interpreter lock inside
+# its kernels. Each thread then keeps BLAS to one thread of its own.
+# --------------------------------------------------------------------------------------------------------------
+
+
+PARALLEL_MIN_SCORES = 1 << 18  # below this many scores a thread pool costs more than it saves
+
+
+def _workers():
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+_BLAS_CONTROLLER = []  # threadpoolctl's controller, found once: finding the libraries takes a millisecond
+
+
+def _one_blas_thread():
+    """A context that holds BLAS to one thread, or None without threadpoolctl. Each worker then runs its small
+    matrix products alone: a pool of workers each starting a team of BLAS threads runs many times slower."""
+    if not _BLAS_CONTROLLER:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            return None
+        _BLAS_CONTROLLER.append(ThreadpoolController())
+    return _BLAS_CONTROLLER[0].limit(limits=1, user_api="blas")
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Softmax
 # --------------------------------------------------------------------------------------------------------------
 
@@ -441,26 +471,6 @@ def _safe_softmax_(ops, x, axis):
     """Softmax along axis, in place for NumPy; a row of -inf gives zeros."""
     x, total = _exp_shifted_(ops, x, axis)
     return ops.div_(x, total)
-
-
-def _exp_shifted_rows_(ops, scores):
-    """_exp_shifted_ along the last axis. A large NumPy matrix is done in chunks of rows on the thread pool:
-    NumPy's exp runs on one core, and a chunk that fits in cache makes the five passes over it cheap."""
-    S = scores.shape[-1]
-    small = ops is not _NUMPY or scores.size < PARALLEL_MIN_SCORES or _workers() == 1 or S == 0
-    if small or not scores.flags.c_contiguous:  # the chunks must be views, written in place
-        return _exp_shifted_(ops, scores)
-    flat = scores.reshape(-1, S)  # (rows, S), a view of scores
-    totals = np.empty((flat.shape[0], 1), dtype=scores.dtype)
-    step = max(1, SOFTMAX_CHUNK // S)
-
-    def run(start):
-        rows = slice(start, start + step)
-        totals[rows] = _exp_shifted_(ops, flat[rows])[1]
-
-    with ThreadPoolExecutor(_workers()) as pool:
-        list(pool.map(run, range(0, flat.shape[0], step)))
-    return scores, totals.reshape(_shape(scores)[:-1] + (1,))
 
 
 def softmax(x, axis=-1):
@@ -487,12 +497,56 @@ def softmax(x, axis=-1):
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _exp_scores(ops, q, k, mask, causal, scale, L, S):
-    """exp(scores - row max) and the row totals: the weights are their ratio, (..., L, S) and (..., L, 1)."""
+def _full_attention(ops, q, k, v, mask, causal, scale, batch, L, S, weights):
+    """The whole (..., L, S) matrix of exp(score - row max), and with ``v`` the output (..., L, Ev).
+
+    With ``weights`` the matrix is divided by its row totals, the attention weights, and the output is their
+    product with v. Without, the matrix is left undivided and the (..., L, Ev) output is divided instead: the
+    same result, L·S divisions cheaper. Returns (matrix, output or None)."""
+    limit = None
+    if ops is _NUMPY and S and _workers() > 1 and math.prod(batch) * L * S >= PARALLEL_MIN_SCORES:
+        limit = _one_blas_thread()
+    if limit is not None:
+        return _full_attention_in_chunks(q, k, v, mask, causal, scale, batch, L, S, weights, limit)
     scores = (q * scale) @ k.swapaxes(-1, -2)  # (..., L, S)
     allowed = _causal_pattern(ops, range(L), range(S), q) if causal else None
-    scores = _apply_mask(ops, scores, mask, allowed)
-    return _exp_shifted_rows_(ops, scores)
+    e, total = _exp_shifted_(ops, _apply_mask(ops, scores, mask, allowed))
+    if weights:
+        w = ops.div_(e, total)
+        return w, None if v is None else w @ v
+    return e, ops.div_(e @ v, total)
+
+
+ROW_CHUNK = 128  # rows in one chunk of the full matrix on NumPy: fewer make its matrix products inefficient
+
+
+def _full_attention_in_chunks(q, k, v, mask, causal, scale, batch, L, S, weights, limit):
+    """_full_attention on NumPy for a large problem: the full matrix, filled a chunk of rows at a time by a small
+    pool of threads, each with one BLAS thread. A chunk goes through its product with kᵀ, its mask, its softmax
+    and its product with v while it is still in cache, and no BLAS thread team is left spinning afterwards."""
+    qs = np.broadcast_to(q * scale, batch + _shape(q)[-2:])  # (..., L, E)
+    kt = np.broadcast_to(k, batch + _shape(k)[-2:]).swapaxes(-1, -2)  # (..., E, S)
+    vb = None if v is None else np.broadcast_to(v, batch + _shape(v)[-2:])  # (..., S, Ev)
+    mb = None if mask is None else np.broadcast_to(mask, batch + (L, S))
+    scores = np.empty(batch + (L, S), dtype=qs.dtype)  # (..., L, S)
+    out = None if v is None else np.empty(batch + (L, _shape(v)[-1]), dtype=qs.dtype)  # (..., L, Ev)
+    chunks = [(b, slice(i, min(i + ROW_CHUNK, L))) for b in np.ndindex(*batch) for i in range(0, L, ROW_CHUNK)]
+
+    def run(chunk):
+        b, rows = chunk
+        s = np.matmul(qs[b + (rows,)], kt[b], out=scores[b + (rows,)])  # (rows, S), a view of scores
+        allowed = _causal_pattern(_NUMPY, rows, range(S), s) if causal else None
+        e, total = _exp_shifted_(_NUMPY, _apply_mask(_NUMPY, s, None if mb is None else mb[b + (rows,)], allowed))
+        if weights:
+            np.divide(e, total, out=e)
+            if out is not None:
+                np.matmul(e, vb[b], out=out[b + (rows,)])
+        else:
+            np.divide(np.matmul(e, vb[b], out=out[b + (rows,)]), total, out=out[b + (rows,)])
+
+    with limit, ThreadPoolExecutor(_workers()) as pool:
+        list(pool.map(run, chunks))
+    return scores, out
 
 
 def attention_weights(q, k, mask=None, *, causal=False, scale=None):
@@ -503,10 +557,10 @@ def attention_weights(q, k, mask=None, *, causal=False, scale=None):
     also forbids key j > query i; with a mask, both apply. ``scale`` defaults to 1/sqrt(E). A fully masked row
     is all zeros.
     """
-    ops, q, k, _, mask, scale, out_dtype, _, L, S = _prepare(q, k, None, mask, scale, need_v=False)
+    ops, q, k, _, mask, scale, out_dtype, batch, L, S = _prepare(q, k, None, mask, scale, need_v=False)
     _check_flag(causal, "causal")
-    e, total = _exp_scores(ops, q, k, mask, causal, scale, L, S)
-    return ops.astype(ops.div_(e, total), out_dtype)  # (..., L, S)
+    w, _ = _full_attention(ops, q, k, None, mask, causal, scale, batch, L, S, weights=True)
+    return ops.astype(w, out_dtype)  # (..., L, S)
 
 
 def attention(q, k, v, mask=None, *, causal=False, scale=None, return_weights=False):
@@ -518,15 +572,13 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, return_weights=Fa
     query i attend keys j <= i (top-left aligned); with a mask, both apply. ``scale`` defaults to 1/sqrt(E).
     A query with nothing to attend gets a zero output. With ``return_weights=True`` returns (output, weights).
     """
-    ops, q, k, v, mask, scale, out_dtype, _, L, S = _prepare(q, k, v, mask, scale)
+    ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale)
     _check_flag(causal, "causal")
     _check_flag(return_weights, "return_weights")
-    e, total = _exp_scores(ops, q, k, mask, causal, scale, L, S)
+    w, out = _full_attention(ops, q, k, v, mask, causal, scale, batch, L, S, weights=return_weights)
     if return_weights:
-        w = ops.div_(e, total)  # (..., L, S)
-        return ops.astype(w @ v, out_dtype), ops.astype(w, out_dtype)
-    # dividing the (..., L, Ev) output by the row totals is the same as dividing the weights, and L·S cheaper
-    return ops.astype(ops.div_(e @ v, total), out_dtype)  # (..., L, Ev)
+        return ops.astype(out, out_dtype), ops.astype(w, out_dtype)  # (..., L, Ev), (..., L, S)
+    return ops.astype(out, out_dtype)  # (..., L, Ev)
 
 
 def _check_flag(value, name):
@@ -606,10 +658,10 @@ def _slice_tile(x, rows, cols):
     return x[..., r, c]
 
 
-def _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S, scratch=None):
-    """Online softmax over key blocks for one block of queries: output rows (..., bq, Ev) and nothing larger
-    than (..., bq, bk) held at once. NumPy may pass ``scratch``, a (..., bq, bk) buffer the scores are written
-    into, so that a worker reuses one block of memory instead of asking for a fresh one for every tile."""
+def _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S):
+    """Online softmax over key blocks for one block of queries (the torch path): output rows (..., bq, Ev) and
+    nothing larger than (..., bq, bk) held at once. The textbook form: every tile is shifted by the running
+    maximum, and what was accumulated is rescaled whenever that maximum grows."""
     qs = q[..., rows, :] * scale  # (..., bq, E)
     shape = _shape(qs)[:-1] + (1,)
     m = ops.full(shape, -math.inf, qs)  # running max of each row's scores
@@ -620,14 +672,8 @@ def _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S, scratch=None):
         cols = slice(j0, min(j0 + bk, S))
         if causal and cols.start > rows.stop - 1:
             break  # every later key block lies wholly in the future of this query block
-        if scratch is None:
-            s = qs @ kt[..., cols]  # (..., bq, bk)
-        else:
-            s = np.matmul(qs, kt[..., cols], out=scratch[..., : qs.shape[-2], : cols.stop - cols.start])
-        allowed = None
-        if causal and cols.stop - 1 > rows.start:  # the tile crosses the diagonal
-            allowed = _causal_pattern(ops, range(rows.start, rows.stop), range(cols.start, cols.stop), qs)
-        s = _apply_mask(ops, s, None if mask is None else _slice_tile(mask, rows, cols), allowed)
+        allowed = _tile_causal(ops, causal, rows, cols, qs)
+        s = _apply_mask(ops, qs @ kt[..., cols], _tile_mask(mask, rows, cols), allowed)  # (..., bq, bk)
         m_new = ops.maximum(m, ops.detach(ops.amax(s, -1)))
         shift = ops.where(m_new == -math.inf, 0.0, m_new)  # a row with nothing allowed yet shifts by 0, not -inf
         p = ops.exp_(ops.sub_(s, shift))  # (..., bq, bk)
@@ -641,27 +687,67 @@ def _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S, scratch=None):
     return ops.div_(acc, ops.where(total == 0, 1.0, total))
 
 
-PARALLEL_MIN_SCORES = 1 << 18  # below this many scores a thread pool costs more than it saves
-SOFTMAX_CHUNK = 1 << 19  # scores per chunk of rows in the threaded softmax: 2 MiB of float32
+def _tile_mask(mask, rows, cols):
+    return None if mask is None else _slice_tile(mask, rows, cols)
 
 
-def _workers():
-    return max(1, min(4, os.cpu_count() or 1))
+def _tile_causal(ops, causal, rows, cols, like):
+    """The causal pattern of a tile that crosses the diagonal, else None (the tile is wholly allowed)."""
+    if causal and cols.stop - 1 > rows.start:
+        return _causal_pattern(ops, range(rows.start, rows.stop), range(cols.start, cols.stop), like)
+    return None
 
 
-_BLAS_CONTROLLER = []  # threadpoolctl's controller, found once: finding the libraries takes a millisecond
+LAZY_LIMIT = 2.0**32  # NumPy tiles: a row of exp(score - shift) summing past this is redone with its own maximum
+SHIFT_SAMPLE = 64  # the NumPy path's first shift is the largest allowed score among this many leading keys
 
 
-def _one_blas_thread():
-    """A context that holds BLAS to one thread, or None without threadpoolctl. Each worker then runs its small
-    matrix products alone: a pool of workers each starting a team of BLAS threads runs many times slower."""
-    if not _BLAS_CONTROLLER:
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            return None
-        _BLAS_CONTROLLER.append(ThreadpoolController())
-    return _BLAS_CONTROLLER[0].limit(limits=1, user_api="blas")
+def _lazy_query_block(q1, kt1, v1, mask, causal, rows, bk, S, scratch):
+    """Online softmax for one block of queries on NumPy, rescaling only when it must: output rows (..., bq, Ev).
+
+    Augmented operands save three passes over every tile. ``q1`` (..., bq, E+1) holds the scaled queries with
+    minus each row's shift m in its last column, and ``kt1`` (..., E+1, S) holds kᵀ above a row of ones, so one
+    matrix product gives score - m directly. ``v1`` (..., S, Ev+1) holds v beside a column of ones, so the
+    product with the exponentials also gives their row sums. ``scratch`` (..., bq, bk) receives every tile.
+
+    m starts at the largest allowed score among the first SHIFT_SAMPLE keys: a real score, so every row's
+    total ends up at least 1. It stays put while exp(score - m) merely exceeds 1; only a tile whose row sums
+    pass LAZY_LIMIT (or are not finite) is redone the textbook way, with its own maximum, and then what was
+    accumulated is rescaled. Rows with nothing allowed yet (m = -inf) also take the textbook way.
+    """
+    E = q1.shape[-1] - 1
+    bq = rows.stop - rows.start
+    acc = np.zeros(q1.shape[:-1] + v1.shape[-1:], dtype=q1.dtype)  # sum of exp(score - m) [v, 1], (..., bq, Ev+1)
+    head = slice(0, min(S, SHIFT_SAMPLE))
+    m = np.full(q1.shape[:-1] + (1,), -math.inf, dtype=q1.dtype)  # (..., bq, 1)
+    if S:
+        allowed = _tile_causal(_NUMPY, causal, rows, head, q1)
+        sample = _apply_mask(_NUMPY, q1[..., :E] @ kt1[..., :E, head], _tile_mask(mask, rows, head), allowed)
+        m = sample.max(axis=-1, keepdims=True)
+    q1[..., E:] = -m
+    for j0 in range(0, S, bk):
+        cols = slice(j0, min(j0 + bk, S))
+        if causal and cols.start > rows.stop - 1:
+            break  # every later key block lies wholly in the future of this query block
+        tile = scratch[..., :bq, : cols.stop - cols.start]
+        tmask, allowed = _tile_mask(mask, rows, cols), _tile_causal(_NUMPY, causal, rows, cols, q1)
+        if np.isfinite(m).all():
+            p = _apply_mask(_NUMPY, np.matmul(q1, kt1[..., cols], out=tile), tmask, allowed)  # score - m
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow here only sends the tile below
+                part = np.exp(p, out=p) @ v1[..., cols, :]  # (..., bq, Ev+1)
+            if np.isfinite(part).all() and (part[..., -1] <= LAZY_LIMIT).all():
+                acc += part
+                continue
+        s = _apply_mask(_NUMPY, np.matmul(q1[..., :E], kt1[..., :E, cols], out=tile), tmask, allowed)
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        shift = np.where(m_new == -math.inf, 0.0, m_new).astype(q1.dtype)  # nothing allowed yet: shift by 0
+        part = np.exp(np.subtract(s, shift, out=s), out=s) @ v1[..., cols, :]
+        acc *= np.exp(m - shift)  # 0 while m was -inf, 1 where the maximum did not move
+        acc += part
+        m = m_new
+        q1[..., E:] = -shift
+    total = acc[..., -1:]
+    return np.divide(acc[..., :-1], np.where(total == 0, 1.0, total).astype(q1.dtype))
 
 
 def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=DEFAULT_BLOCK):
@@ -669,10 +755,13 @@ def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=
 
     Same arguments, mask polarity (True = may attend) and result as :func:`attention`. ``block_size`` is an
     int or a pair (query block, key block): memory beyond the inputs and output grows like the tile,
-    (..., query block, key block), not like L × S. For each block of queries it walks the key blocks keeping a
-    running maximum and a running sum, rescaling what it has accumulated whenever the maximum grows. On NumPy
-    a large problem's query blocks run on a small thread pool (NumPy releases the interpreter lock inside its
-    kernels), each worker with one BLAS thread and one score buffer it reuses for every tile.
+    (..., query block, key block), not like L × S. For each block of queries it walks the key blocks with an
+    online softmax: each row's exponentials are taken relative to a shift m, their running sum and their running
+    sum of values are kept, and both are rescaled by exp(m_old - m_new) when m moves. The torch path moves m
+    to the running maximum at every tile, as chapter 7 derives it. The NumPy path moves it only when a tile's
+    exponentials would otherwise sum past ``LAZY_LIMIT``, which lets one matrix product subtract it and saves
+    three passes over every tile. On NumPy a large problem's query blocks run on a small thread pool, each
+    worker with one BLAS thread and one score buffer it reuses for every tile.
     """
     ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale)
     _check_flag(causal, "causal")
@@ -683,21 +772,30 @@ def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=
     blocks = [slice(i0, min(i0 + bq, L)) for i0 in range(0, L, bq)]
 
     if ops is _NUMPY:
-        out = np.empty(batch + (L,) + _shape(v)[-1:], dtype=q.dtype)  # (..., L, Ev)
+        E, Ev = _shape(q)[-1], _shape(v)[-1]
+        kt1 = np.ones(batch + (E + 1, S), dtype=q.dtype)  # kᵀ above a row of ones
+        kt1[..., :E, :] = k.swapaxes(-1, -2)
+        v1 = np.ones(batch + (S, Ev + 1), dtype=q.dtype)  # v beside a column of ones
+        v1[..., :Ev] = v
+        out = np.empty(batch + (L, Ev), dtype=q.dtype)  # (..., L, Ev)
         big = math.prod(batch) * L * S >= PARALLEL_MIN_SCORES
         limit = _one_blas_thread() if big and len(blocks) > 1 and _workers() > 1 else None
-        workers = _workers() if limit is not None else 1
 
-        def run(worker):  # every workers-th query block, all with one scratch buffer
-            scratch = np.empty(batch + (min(bq, L), min(bk, S)), dtype=q.dtype)  # (..., bq, bk)
-            for rows in blocks[worker::workers]:
-                out[..., rows, :] = _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S, scratch)
+        local = threading.local()  # each thread's score buffer, reused for every tile of every block it takes
 
-        if limit is not None:
-            with limit, ThreadPoolExecutor(workers) as pool:
-                list(pool.map(run, range(workers)))
+        def run(rows):
+            if not hasattr(local, "scratch"):
+                local.scratch = np.empty(batch + (min(bq, L), min(bk, S)), dtype=q.dtype)  # (..., bq, bk)
+            q1 = np.empty(batch + (rows.stop - rows.start, E + 1), dtype=q.dtype)
+            np.multiply(q[..., rows, :], scale, out=q1[..., :E])
+            out[..., rows, :] = _lazy_query_block(q1, kt1, v1, mask, causal, rows, bk, S, local.scratch)
+
+        if limit is not None:  # a free thread takes the next block, so a thread slowed down holds up no other
+            with limit, ThreadPoolExecutor(_workers()) as pool:
+                list(pool.map(run, blocks))
         else:
-            run(0)
+            for rows in blocks:
+                run(rows)
         return out.astype(out_dtype, copy=False)
     torch = ops.torch
     parts = [_query_block(ops, q, k, v, mask, causal, scale, rows, bk, S) for rows in blocks]

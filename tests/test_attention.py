@@ -5,6 +5,7 @@ kernel: attention with V = the identity matrix returns the weight matrix itself.
 """
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -128,6 +129,52 @@ def test_tiled_matches_sdpa_for_any_block_shape(case, bq, bk):
     q, k, v, mask, causal, scale = case
     got = attn.tiled_attention(q, k, v, mask, causal=causal, scale=scale, block_size=(bq, bk))
     np.testing.assert_allclose(got, sdpa(q, k, v, mask, causal, scale), **TOL)
+
+
+@given(cases(), st.integers(1, 4), st.sampled_from([1, 2, 64]), st.sampled_from([0.0, 1.0, 2.0**32]))
+def test_tiled_numpy_shift_policy_never_changes_the_result(case, bk, sample, limit):
+    # The NumPy tiles start from the largest allowed score among the first `sample` keys and redo a tile the
+    # textbook way once its row sums pass `limit`: a limit of 0 redoes every tile, 2**32 almost none.
+    q, k, v, mask, causal, scale = case
+    with mock.patch.multiple(attn, SHIFT_SAMPLE=sample, LAZY_LIMIT=limit):
+        got = attn.tiled_attention(q, k, v, mask, causal=causal, scale=scale, block_size=(2, bk))
+    np.testing.assert_allclose(got, sdpa(q, k, v, mask, causal, scale), **TOL)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_tiled_numpy_redoes_a_tile_whose_exponentials_would_overflow(dtype):
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((40, 16)) + 3 * np.eye(16)[0]
+    k, v = rng.standard_normal((300, 16)), rng.standard_normal((300, 5))
+    k[250] = 200 * np.eye(16)[0]  # one late key that most queries like far more than any of the first 64
+    scores = q @ k.T / 4
+    gap = scores.max(axis=1) - scores[:, : attn.SHIFT_SAMPLE].max(axis=1)
+    assert (gap > 100).sum() > 30  # exp(100) overflows float32 and sums far past LAZY_LIMIT in float64
+    expected = sdpa(q, k, v)
+    for block in (attn.DEFAULT_BLOCK, (16, 64)):
+        got = attn.tiled_attention(*(x.astype(dtype) for x in (q, k, v)), block_size=block)
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, expected, **(TOL if dtype == np.float64 else {"rtol": 1e-4, "atol": 1e-5}))
+
+
+@given(cases(), st.integers(1, 3))
+def test_numpy_thread_pool_paths_match_sdpa(case, rows):
+    # Large NumPy problems run in chunks of rows and blocks of queries on a thread pool; here at any size.
+    q, k, v, mask, causal, scale = case
+    q = full_batch(q, k, v)  # the mask may carry v's batch dims, which the weights alone do not have
+    kw = {"causal": causal, "scale": scale}
+    spy = mock.patch.object(attn, "_full_attention_in_chunks", wraps=attn._full_attention_in_chunks)
+    with mock.patch.multiple(attn, PARALLEL_MIN_SCORES=0, ROW_CHUNK=rows, _workers=lambda: 2), spy as chunked:
+        out, w = attn.attention(q, k, v, mask, return_weights=True, **kw)
+        plain = attn.attention(q, k, v, mask, **kw)
+        weights = attn.attention_weights(q, k, mask, **kw)
+        tiled = attn.tiled_attention(q, k, v, mask, block_size=(rows, 2), **kw)
+    assert chunked.call_count == 3
+    expected = sdpa(q, k, v, mask, causal, scale)
+    for got in (out, plain, tiled):
+        np.testing.assert_allclose(got, expected, **TOL)
+    for got in (w, weights):
+        np.testing.assert_allclose(got, sdpa_weights(q, k, mask, causal, scale), **TOL)
 
 
 @given(cases())

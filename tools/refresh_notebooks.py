@@ -29,9 +29,23 @@ def normalise(nb):
         cell.id = f"cell-{index:03d}"  # stable ids: a regenerated notebook diffs only where its content changed
         cell.metadata = {key: cell.metadata[key] for key in KEEP_CELL_METADATA if key in cell.metadata}
         if cell.cell_type == "code":
-            for output in cell.get("outputs", []):
+            cell.outputs = merge_streams(cell.get("outputs", []))
+            for output in cell.outputs:
                 output.get("metadata", {}).pop("execution", None)
     return nb
+
+
+def merge_streams(outputs):
+    """Consecutive stream outputs of one name as one output: how a cell's prints split depends on timing."""
+    merged = []
+    for output in outputs:
+        last = merged[-1] if merged else None
+        same = last is not None and last.output_type == "stream" and last.get("name") == output.get("name")
+        if output.output_type == "stream" and same:
+            last.text += output.text
+        else:
+            merged.append(output)
+    return merged
 
 
 def refresh(path):
