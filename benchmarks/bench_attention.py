@@ -10,12 +10,12 @@ machine that slows down mid-run slows all of them alike; the figure reported is 
 PyTorch's OpenMP threads, or OpenBLAS's when it runs threaded, keep spinning for a while after a call, so
 interleaving times each implementation partly while its predecessor's threads still hold a core; --settle SECONDS
 pauses before each timed call to show how much of a ratio that accounts for (see results.md). Ratios are to
-PyTorch's `scaled_dot_product_attention` measured in the same run, and each output is compared with its output. Peak memory
-is measured beyond the inputs and the output. On CPU each implementation runs once more in a fresh process, with
-glibc told to hand large blocks back to the system at once (so freed memory cannot hide a peak), and the rise of
-the resident-set high-water mark (Linux VmHWM, reset before the call) is its peak; timings come from the normal
-process, where glibc's usual reuse of freed blocks applies. On CUDA, torch.cuda.max_memory_allocated. It prints
-figures; nothing here passes or fails.
+PyTorch's `scaled_dot_product_attention` measured in the same run, and each output is compared with its output.
+Peak memory is measured beyond the inputs and the output. On CPU each implementation runs once more in a fresh
+process, with glibc told to hand large blocks back to the system at once (so freed memory cannot hide a peak), and
+the rise of the resident-set high-water mark (Linux VmHWM, reset before the call) is its peak; timings come from
+the normal process, where glibc's usual reuse of freed blocks applies. On CUDA, torch.cuda.max_memory_allocated.
+It prints figures; nothing here passes or fails.
 """
 
 from __future__ import annotations

@@ -740,14 +740,14 @@ def _lazy_query_block(q1, kt1, v1, mask, causal, rows, bk, S, scratch):
                 continue
         s = _apply_mask(_NUMPY, np.matmul(q1[..., :E], kt1[..., :E, cols], out=tile), tmask, allowed)
         m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
-        shift = np.where(m_new == -math.inf, 0.0, m_new).astype(q1.dtype)  # nothing allowed yet: shift by 0
+        shift = np.where(m_new == -math.inf, 0.0, m_new)  # nothing allowed yet: shift by 0
         part = np.exp(np.subtract(s, shift, out=s), out=s) @ v1[..., cols, :]
         acc *= np.exp(m - shift)  # 0 while m was -inf, 1 where the maximum did not move
         acc += part
         m = m_new
         q1[..., E:] = -shift
     total = acc[..., -1:]
-    return np.divide(acc[..., :-1], np.where(total == 0, 1.0, total).astype(q1.dtype))
+    return np.divide(acc[..., :-1], np.where(total == 0, 1.0, total))
 
 
 def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=DEFAULT_BLOCK):
