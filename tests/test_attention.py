@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lib import attention as attn
+from lib import speed, tiles
 
 TOL = {"rtol": 1e-9, "atol": 1e-9}
 IMPLEMENTATIONS = {
@@ -136,7 +137,7 @@ def test_tiled_numpy_shift_policy_never_changes_the_result(case, bk, sample, lim
     # The NumPy tiles start from the largest allowed score among the first `sample` keys and redo a tile the
     # textbook way once its row sums pass `limit`: a limit of 0 redoes every tile, 2**32 almost none.
     q, k, v, mask, causal, scale = case
-    with mock.patch.multiple(attn, SHIFT_SAMPLE=sample, LAZY_LIMIT=limit):
+    with mock.patch.multiple(tiles, SHIFT_SAMPLE=sample, LAZY_LIMIT=limit):
         got = attn.tiled_attention(q, k, v, mask, causal=causal, scale=scale, block_size=(2, bk))
     np.testing.assert_allclose(got, sdpa(q, k, v, mask, causal, scale), **TOL)
 
@@ -148,10 +149,10 @@ def test_tiled_numpy_redoes_a_tile_whose_exponentials_would_overflow(dtype):
     k, v = rng.standard_normal((300, 16)), rng.standard_normal((300, 5))
     k[250] = 200 * np.eye(16)[0]  # one late key that most queries like far more than any of the first 64
     scores = q @ k.T / 4
-    gap = scores.max(axis=1) - scores[:, : attn.SHIFT_SAMPLE].max(axis=1)
+    gap = scores.max(axis=1) - scores[:, : tiles.SHIFT_SAMPLE].max(axis=1)
     assert (gap > 100).sum() > 30  # exp(100) overflows float32 and sums far past LAZY_LIMIT in float64
     expected = sdpa(q, k, v)
-    for block in (attn.DEFAULT_BLOCK, (16, 64)):
+    for block in (tiles.DEFAULT_BLOCK, (16, 64)):
         got = attn.tiled_attention(*(x.astype(dtype) for x in (q, k, v)), block_size=block)
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, expected, **(TOL if dtype == np.float64 else {"rtol": 1e-4, "atol": 1e-5}))
@@ -163,8 +164,8 @@ def test_numpy_thread_pool_paths_match_sdpa(case, rows):
     q, k, v, mask, causal, scale = case
     q = full_batch(q, k, v)  # the mask may carry v's batch dims, which the weights alone do not have
     kw = {"causal": causal, "scale": scale}
-    spy = mock.patch.object(attn, "_full_attention_in_chunks", wraps=attn._full_attention_in_chunks)
-    with mock.patch.multiple(attn, PARALLEL_MIN_SCORES=0, ROW_CHUNK=rows, _workers=lambda: 2), spy as chunked:
+    spy = mock.patch.object(speed, "full_attention_in_chunks", wraps=speed.full_attention_in_chunks)
+    with mock.patch.multiple(speed, PARALLEL_MIN_SCORES=0, ROW_CHUNK=rows, workers=lambda: 2), spy as chunked:
         out, w = attn.attention(q, k, v, mask, return_weights=True, **kw)
         plain = attn.attention(q, k, v, mask, **kw)
         weights = attn.attention_weights(q, k, mask, **kw)
@@ -454,6 +455,22 @@ def test_causal_mask_is_top_left_tril():
     t = attn.causal_mask(3, 4, like=torch.zeros(1))
     assert t.dtype == torch.bool
     np.testing.assert_array_equal(t.numpy(), attn.causal_mask(3, 4))
+
+
+@pytest.mark.filterwarnings("ignore:Lower right causal bias")  # L > S leaves early queries no key: our point
+def test_causal_mask_bottom_right_matches_causal_lower_right():
+    from torch.nn.attention.bias import causal_lower_right
+
+    for L, S in [(4, 4), (2, 6), (1, 5), (6, 3), (0, 2), (3, 0)]:
+        m = attn.causal_mask(L, S, align="bottom-right")
+        expected = causal_lower_right(L, S)._materialize(torch.device("cpu")).numpy()
+        np.testing.assert_array_equal(m, expected)
+        t = attn.causal_mask(L, S, like=torch.zeros(1), align="bottom-right")
+        assert t.dtype == torch.bool
+        np.testing.assert_array_equal(t.numpy(), expected)
+    np.testing.assert_array_equal(attn.causal_mask(5, align="bottom-right"), attn.causal_mask(5))
+    with pytest.raises(ValueError, match="align must be"):
+        attn.causal_mask(2, 3, align="bottom-left")
 
 
 def test_causal_mask_matches_is_causal():
