@@ -196,9 +196,9 @@ def strip_math_delimiters(latex: str) -> str:
 # ---------------------------------------------------------------------------------------------------- BibTeX
 
 ACCENTS = {"'": "\u0301", "`": "\u0300", "^": "\u0302", '"': "\u0308", "~": "\u0303", "=": "\u0304", ".": "\u0307",
-           "c": "\u0327", "v": "\u030c", "u": "\u0306", "H": "\u030b", "k": "\u0328", "r": "\u030a", "d": "\u0323"}  # fmt: skip
+           "c": "\u0327", "v": "\u030c", "u": "\u0306", "H": "\u030b", "k": "\u0328", "r": "\u030a", "d": "\u0323"}
 LETTERS = {"L": "Ł", "l": "ł", "o": "ø", "O": "Ø", "ss": "ß", "ae": "æ", "AE": "Æ", "oe": "œ", "OE": "Œ",
-           "aa": "å", "AA": "Å", "i": "ı", "j": "ȷ"}  # fmt: skip
+           "aa": "å", "AA": "Å", "i": "ı", "j": "ȷ"}
 
 
 def latex_to_text(text: str) -> str:
@@ -434,7 +434,7 @@ SIMPLE_ROLES = {
     "strong": lambda c: f"**{c}**",
 }
 PY_ROLES = ("py:func", "py:class", "py:meth", "py:mod", "py:attr", "py:data", "py:obj", "py:exc",
-            "func", "class", "meth", "mod", "attr", "data", "obj", "exc")  # fmt: skip
+            "func", "class", "meth", "mod", "attr", "data", "obj", "exc")
 
 
 def convert_role(book: Book, doc: str, name: str, content: str) -> str:
@@ -485,7 +485,7 @@ DIRECTIVE = re.compile(r"^\{(?P<name>[A-Za-z][\w:+.-]*)\}\s*(?P<arg>.*)$")
 ADMONITIONS = {"note": "Note", "warning": "Warning", "tip": "Tip", "important": "Important", "hint": "Hint",
                "caution": "Caution", "attention": "Attention", "danger": "Danger", "error": "Error",
                "seealso": "See also", "todo": "To do", "versionadded": "New", "versionchanged": "Changed",
-               "deprecated": "Deprecated"}  # fmt: skip
+               "deprecated": "Deprecated"}
 ASIDES = ("admonition", "dropdown", "margin", "sidebar", "topic", "epigraph", "pull-quote", "highlights", "card")
 
 
@@ -660,10 +660,10 @@ def banner(book: Book, doc: str, title: str, nb: dict, raising: bool) -> str:
     ]
     if nb.get("metadata", {}).get("accelerator") == "GPU":
         lines += [">", "> This chapter asks Colab for a GPU runtime (*Runtime → Change runtime type* if you got none); on a",
-                  "> CPU it runs all the same."]  # fmt: skip
+                  "> CPU it runs all the same."]
     if raising:
         lines += [">", "> Some cells stop with an error on purpose, and their first line says so: the error is the lesson.",
-                  "> *Run all* halts there; carry on from the cell below."]  # fmt: skip
+                  "> *Run all* halts there; carry on from the cell below."]
     return "\n".join(lines)
 
 
