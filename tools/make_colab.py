@@ -102,9 +102,6 @@ def markdown_texts(path: pathlib.Path) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------- glue
 
-GLUE_MIME_PREFIX = "application/papermill.record/"
-
-
 def glue_values(nb: dict) -> dict[str, dict]:
     """name -> mime bundle of every value a chapter glued, as myst_nb.glue stores it in the cell outputs."""
     values = {}
@@ -114,7 +111,8 @@ def glue_values(nb: dict) -> dict[str, dict]:
             if not meta:
                 continue
             prefix = meta.get("mime_prefix", "")
-            values[meta["name"]] = {key[len(prefix) :]: value for key, value in output.get("data", {}).items()}
+            data = output.get("data", {}).items()  # multi-line text may be stored as a list of lines
+            values[meta["name"]] = {k[len(prefix) :]: v if isinstance(v, str) else "".join(v) for k, v in data}
     return values
 
 
