@@ -649,16 +649,16 @@ def fold_title(cell_code: str, exercise: int | None, in_exercises: bool) -> str:
     return "Code hidden in the book (double-click to show)"
 
 
-def banner(book: Book, doc: str, title: str, nb: dict, raising: bool) -> str:
+def banner(book: Book, doc: str, title: str, nb: dict, raising: bool, folded: bool) -> str:
     lines = [
         f"> **Colab edition** of [{title}]({book.page_url(doc)}), a chapter of *{book.title}*.",
         "> Run the cells from the top: the first code cell fetches the course library with `git clone` and installs",
-        "> nothing. The numbers in the text come from the book's own run, so timings on your runtime will differ.",
-        "> Exercise solutions are folded: double-click one to open it.",
+        "> nothing. The numbers in the text come from the book's own run; timings on your runtime will differ.",
     ]
+    if folded:
+        lines.append("> Exercise solutions are folded: double-click one to open it.")
     if nb.get("metadata", {}).get("accelerator") == "GPU":
-        lines += [">", "> This chapter asks Colab for a GPU runtime (*Runtime → Change runtime type* if you got none); on a",
-                  "> CPU it runs all the same."]
+        lines += [">", "> This chapter asks Colab for a GPU runtime. If you got a CPU, choose *Runtime → Change runtime type*."]
     if raising:
         lines += [">", "> Some cells stop with an error on purpose, and their first line says so: the error is the lesson.",
                   "> *Run all* halts there; carry on from the cell below."]
@@ -708,7 +708,9 @@ def convert_notebook(book: Book, path: pathlib.Path) -> dict:
         cells.append(new)
     if title is None:
         raise ConversionError(f"{doc}: no '# ' title")
-    intro = {"cell_type": "markdown", "id": "colab-banner", "metadata": {}, "source": as_lines(banner(book, doc, title, nb, raising))}
+    folded = any(c.get("metadata", {}).get("cellView") == "form" for c in cells)
+    text = banner(book, doc, title, nb, raising, folded)
+    intro = {"cell_type": "markdown", "id": "colab-banner", "metadata": {}, "source": as_lines(text)}
     metadata = {
         "colab": {"provenance": [], "toc_visible": True},
         "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
