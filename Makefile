@@ -9,12 +9,13 @@ BUILD_FLAGS := --warningiserror --keep-going
 # the API page imports lib.attention from the checkout
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: book test test-lib test-notebooks test-book test-browser lint notebooks bench lock clean help
+.PHONY: book test test-lib test-notebooks test-book test-browser lint notebooks colab bench lock clean help
 
 help:
 	@echo "make book       build the HTML book into _build/html"
 	@echo "make test       lint, library tests, strict nbval over every chapter, the book build, the browser check"
 	@echo "make notebooks  re-run every chapter and store its outputs (after changing a chapter or the library)"
+	@echo "make colab      rewrite the Colab edition of every chapter in colab/chapters (after make notebooks)"
 	@echo "make bench      speed and memory of the library against PyTorch's fused kernel"
 
 $(STAMP): requirements.txt constraints.txt
@@ -55,6 +56,9 @@ endif
 
 notebooks: $(STAMP)
 	$(BIN)/python tools/refresh_notebooks.py
+
+colab: $(STAMP)
+	$(BIN)/python tools/make_colab.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_attention.py
