@@ -67,7 +67,7 @@ bench: $(STAMP)
 # The GPU benchmark uses the machine's own Python: it needs PyTorch with CUDA and Triton (Colab's, say), which the
 # CPU-only .venv does not have.
 bench-gpu:
-	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/bench_gpu.py
+	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/bench_gpu.py --csv benchmarks/gpu_results.csv
 
 lock: $(STAMP)
 	@echo "# Exact versions of everything requirements.txt pulls in, so a fresh machine builds the book CI built." > constraints.txt

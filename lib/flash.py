@@ -10,7 +10,8 @@ Shapes as in :mod:`lib.attention`: q (..., L, E), k (..., S, E), v (..., S, Ev).
 dimensions into one, Z, so every kernel sees q (Z, L, E), k (Z, S, E), v (Z, S, Ev), reached through strides.
 
 On a CPU, Triton's interpreter runs the same kernels, slowly, when the environment variable TRITON_INTERPRET=1 is
-set before this module is first imported: the tests and chapter 8 use it at small sizes.
+set before Triton is first imported (by anything: some torch modules import it): the tests and chapter 8 use it at
+small sizes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ __all__ = ["flash_attention"]
 
 # triton.jit reads TRITON_INTERPRET when it defines each kernel below, so this is read at the same moment.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on", "y")
+if INTERPRETED and type(tl.max).__name__ != "InterpretedFunction":
+    # triton.language defines its own helpers (tl.max, tl.sum, ...) with triton.jit when it is first imported.
+    raise ImportError(
+        "TRITON_INTERPRET=1 was set after Triton had been imported (some torch modules import it, for example "
+        "torch.utils.flop_counter): set it before anything imports triton, e.g. first thing in the notebook"
+    )
 
 LOG2_E = 1.0 / math.log(2.0)  # exp(x) = exp2(x · log2 e): the kernels work in base 2, which the hardware does natively
 MAX_HEAD = 256  # largest E or Ev: a (block, head) tile of q, k and v must fit in on-chip memory beside the scores
@@ -448,7 +455,7 @@ def _check(q, k, v, mask):
         raise ValueError(
             f"q is on {device}, but the Triton kernel runs on a CUDA GPU. To run it on the CPU in Triton's "
             "interpreter (slow; for tests and small examples), set os.environ['TRITON_INTERPRET'] = '1' before "
-            "lib.flash is first imported (before the first use of attn.flash_attention)"
+            "Triton is first imported, by anything (some torch modules import it)"
         )
     elif dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) < (8, 0):
         raise TypeError(f"bfloat16 needs a GPU of compute capability 8.0 or newer; {device} has "
@@ -488,7 +495,7 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None):
     and the output accumulator are float32. float32 inputs are multiplied in IEEE float32 (no TF32), exact but
     far slower: the kernel is built for half precision. Differentiable: the backward pass recomputes each tile's
     weights from the saved row logsumexp, so training saves nothing of size L × S. On a CPU the kernels run in
-    Triton's interpreter if TRITON_INTERPRET=1 was set before this module was imported (not for bfloat16).
+    Triton's interpreter if TRITON_INTERPRET=1 was set before Triton was first imported (not for bfloat16).
     """
     batch, L, S, E, Ev = _check(q, k, v, mask)
     _check_flag(causal, "causal")

@@ -206,6 +206,18 @@ def test_the_numpy_reference_imports_neither_torch_nor_triton_and_a_missing_trit
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": ROOT})
 
 
+def test_asking_for_the_interpreter_after_triton_was_imported_is_named():
+    code = (
+        "import os, triton.language\n"
+        "os.environ['TRITON_INTERPRET'] = '1'\n"
+        "from lib import flash\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT, "TRITON_INTERPRET": "0"})
+    assert result.returncode != 0
+    assert "set after Triton had been imported" in result.stderr
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # On a GPU: realistic sizes, half precision
 # ----------------------------------------------------------------------------------------------------------------
