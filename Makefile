@@ -9,13 +9,15 @@ BUILD_FLAGS := --warningiserror --keep-going
 # the API page imports lib.attention from the checkout
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: book test test-lib test-notebooks test-book test-browser lint notebooks bench lock clean help
+.PHONY: bench-gpu book test test-lib test-notebooks test-book test-browser lint notebooks colab bench lock clean help
 
 help:
 	@echo "make book       build the HTML book into _build/html"
 	@echo "make test       lint, library tests, strict nbval over every chapter, the book build, the browser check"
 	@echo "make notebooks  re-run every chapter and store its outputs (after changing a chapter or the library)"
+	@echo "make colab      rewrite the Colab edition of every chapter in colab/chapters (after make notebooks)"
 	@echo "make bench      speed and memory of the library against PyTorch's fused kernel"
+	@echo "make bench-gpu  the GPU paths (flash_attention, attention, tiled_attention) against SDPA, on a CUDA GPU"
 
 $(STAMP): requirements.txt constraints.txt
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11 or later is needed")'
@@ -56,8 +58,16 @@ endif
 notebooks: $(STAMP)
 	$(BIN)/python tools/refresh_notebooks.py
 
+colab: $(STAMP)
+	$(BIN)/python tools/make_colab.py
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_attention.py
+
+# The GPU benchmark uses the machine's own Python: it needs PyTorch with CUDA and Triton (Colab's, say), which the
+# CPU-only .venv does not have.
+bench-gpu:
+	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/bench_gpu.py
 
 lock: $(STAMP)
 	@echo "# Exact versions of everything requirements.txt pulls in, so a fresh machine builds the book CI built." > constraints.txt

@@ -149,11 +149,19 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, return_weights=Fa
     uses True = ignore), or floating, added to the scores; broadcastable to (..., L, S). ``causal=True`` lets
     query i attend keys j <= i (top-left aligned); with a mask, both apply. ``scale`` defaults to 1/sqrt(E).
     A query with nothing to attend gets a zero output. With ``return_weights=True`` returns (output, weights).
+
+    float16 and bfloat16 on a CUDA GPU without a mask stay in half precision: the matrix products run on the
+    tensor cores, which accumulate in float32, and the softmax kernel accumulates in float32 (see
+    :func:`lib.speed.half_attention_on_gpu`). Elsewhere half precision is computed in float32.
     """
-    ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale)
+    fast = speed.half_attention_on_gpu_applies(q, k, v, mask)
+    ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale, keep_half=fast)
     _check_flag(causal, "causal")
     _check_flag(return_weights, "return_weights")
-    w, out = _full_attention(ops, q, k, v, mask, causal, scale, batch, L, S, weights=return_weights)
+    if fast and S:
+        out, w = speed.half_attention_on_gpu(q, k, v, causal, scale)
+    else:
+        w, out = _full_attention(ops, q, k, v, mask, causal, scale, batch, L, S, weights=return_weights)
     if return_weights:
         return ops.astype(out, out_dtype), ops.astype(w, out_dtype)  # (..., L, Ev), (..., L, S)
     return ops.astype(out, out_dtype)  # (..., L, Ev)

@@ -287,10 +287,10 @@ def _shape(x):
     return tuple(x.shape)
 
 
-def _prepare(q, k, v, mask, scale, *, need_v=True):
+def _prepare(q, k, v, mask, scale, *, need_v=True, keep_half=False):
     """Validate q, k, v and mask; return (ops, q, k, v, mask, scale, out_dtype, batch, L, S) ready to compute.
 
-    q, k, v come back in the compute dtype, batch dims not yet broadcast; the mask comes back boolean or in the
+    q, k, v come back in the compute dtype (with ``keep_half``, half precision stays half), batch dims not yet broadcast; the mask comes back boolean or in the
     compute dtype, still at its own (broadcastable) shape.
     """
     named = {"q": q, "k": k, "v": v if need_v else None, "mask": mask}
@@ -325,7 +325,7 @@ def _prepare(q, k, v, mask, scale, *, need_v=True):
         raise ValueError(f"the batch dimensions do not broadcast: {listed}") from None
     scale = _check_scale(scale, E)
     out_dtype = _result_dtype(ops, arrays)
-    cdtype = _compute_dtype(ops, out_dtype)
+    cdtype = out_dtype if keep_half else _compute_dtype(ops, out_dtype)
     q, k = ops.astype(q, cdtype), ops.astype(k, cdtype)
     if need_v:
         v = ops.astype(v, cdtype)

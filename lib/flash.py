@@ -329,16 +329,22 @@ def _flash_backward_q(
 
 def _launcher(kernel, choices):
     """The kernel, tuned on a GPU among ``choices`` once per (L, S, E, Ev, causal, dtype); in the interpreter, the
-    kernel with INTERPRETER_TILES (tuning there would only multiply the wait)."""
-    if INTERPRETED:
-        t = INTERPRETER_TILES
-        return lambda grid, *args, **kw: kernel[grid](*args, **kw, BLOCK_M=t.block_m, BLOCK_N=t.block_n)
+    kernel with INTERPRETER_TILES (tuning there would only multiply the wait). A ``tiles=`` argument forces one
+    configuration, for sweeps (benchmarks/bench_gpu.py --sweep)."""
     configs = [
         triton.Config({"BLOCK_M": t.block_m, "BLOCK_N": t.block_n}, num_warps=t.num_warps, num_stages=t.num_stages)
         for t in choices
     ]
-    tuned = triton.autotune(configs=configs, key=["L", "S", "E", "EV", "CAUSAL"])(kernel)
-    return lambda grid, *args, **kw: tuned[grid](*args, **kw)
+    tuned = None if INTERPRETED else triton.autotune(configs=configs, key=["L", "S", "E", "EV", "CAUSAL"])(kernel)
+
+    def launch(grid, *args, tiles=None, **kw):
+        if tiles is None and tuned is not None:
+            return tuned[grid](*args, **kw)
+        t = tiles or INTERPRETER_TILES
+        launch_options = {} if INTERPRETED else {"num_warps": t.num_warps, "num_stages": t.num_stages}
+        return kernel[grid](*args, **kw, BLOCK_M=t.block_m, BLOCK_N=t.block_n, **launch_options)
+
+    return launch
 
 
 _run_forward = _launcher(_flash_forward, FORWARD_TILES)
@@ -355,7 +361,7 @@ def _precision(dtype):
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _forward(q, k, v, causal, scale):
+def _forward(q, k, v, causal, scale, tiles=None):
     """q (Z, L, E), k (Z, S, E), v (Z, S, Ev) -> output (Z, L, Ev) and logsumexp (Z, L), base 2, float32."""
     Z, L, E = q.shape
     S, EV = v.shape[1], v.shape[2]
@@ -365,11 +371,12 @@ def _forward(q, k, v, causal, scale):
     _run_forward(
         grid, q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), L, S, scale * LOG2_E,
         E=E, EV=EV, BLOCK_E=_head_block(E), BLOCK_EV=_head_block(EV), CAUSAL=causal, PRECISION=_precision(q.dtype),
+        tiles=tiles,
     )
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal, scale):
+def _backward(q, k, v, o, lse, do, causal, scale, tiles=None):
     Z, L, E = q.shape
     S, EV = v.shape[1], v.shape[2]
     delta = (do.float() * o.float()).sum(-1).contiguous()  # (Z, L): D = rowsum(dO ∘ O)
@@ -379,11 +386,11 @@ def _backward(q, k, v, o, lse, do, causal, scale):
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     _run_backward_kv(
         lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), Z),
-        q, k, v, do, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(), L, S, scale * LOG2_E, scale, **common,
+        q, k, v, do, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(), L, S, scale * LOG2_E, scale, tiles=tiles, **common,
     )
     _run_backward_q(
         lambda meta: (triton.cdiv(L, meta["BLOCK_M"]), Z),
-        q, k, v, do, lse, delta, dq, *strides, *dq.stride(), L, S, scale * LOG2_E, scale, **common,
+        q, k, v, do, lse, delta, dq, *strides, *dq.stride(), L, S, scale * LOG2_E, scale, tiles=tiles, **common,
     )
     return dq, dk, dv
 

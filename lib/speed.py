@@ -1,14 +1,16 @@
-"""NumPy on several cores: a small thread pool, one BLAS thread per worker, and the full matrix filled in chunks.
+"""How the full matrix is computed fast, apart from what it computes: NumPy on several cores, torch on a GPU.
 
-NumPy runs each kernel on one core, so a large NumPy problem is cut into independent pieces (chunks of rows, blocks
+On a CPU, NumPy runs each kernel on one core, so a large NumPy problem is cut into independent pieces (chunks of rows, blocks
 of queries) that a small pool of threads works through; NumPy releases the interpreter lock inside its kernels.
-Each worker keeps BLAS to one thread of its own. This is speed machinery for the CPU, not part of the algorithm:
-:mod:`lib.attention` and :mod:`lib.tiles` give the same results without it.
+Each worker keeps BLAS to one thread of its own. On a GPU, half precision stays half precision. This is speed
+machinery, not part of the algorithm: :mod:`lib.attention` and :mod:`lib.tiles` compute the same without it.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -67,3 +69,35 @@ def full_attention_in_chunks(q, k, v, mask, causal, scale, batch, L, S, weights,
     with limit, ThreadPoolExecutor(workers()) as pool:
         list(pool.map(run, chunks))
     return scores, out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# torch on a GPU, half precision
+# --------------------------------------------------------------------------------------------------------------
+
+
+def half_attention_on_gpu_applies(q, k, v, mask):
+    """True for torch float16 or bfloat16 q, k and v of one dtype on a CUDA device, with no mask."""
+    torch = sys.modules.get("torch")
+    if torch is None or mask is not None or not all(isinstance(x, torch.Tensor) for x in (q, k, v)):
+        return False
+    return q.dtype in (torch.float16, torch.bfloat16) and q.dtype == k.dtype == v.dtype and q.device.type == "cuda"
+
+
+def half_attention_on_gpu(q, k, v, causal, scale):
+    """softmax(q kᵀ · scale) v and its weights, the full (..., L, S) matrix kept in the inputs' half precision.
+
+    Upcasting to float32 would double the bytes of the matrix, which is what the full path's time is made of: it is
+    written by the first product, read and written by the softmax, and read by the second product, so its floor is
+    the GPU's memory bandwidth. The products run on the tensor cores and accumulate in float32; the softmax kernel
+    accumulates in float32; the scores and weights are stored rounded to half precision, as the inputs are. The
+    causal pattern is built on the GPU. S must be at least 1, so that every causal row has a key.
+    """
+    torch = sys.modules["torch"]
+    s = (q * scale) @ k.transpose(-1, -2)  # (..., L, S)
+    if causal:
+        L, S = s.shape[-2:]
+        future = torch.ones(L, S, dtype=torch.bool, device=s.device).triu_(1)  # (L, S), True where j > i
+        s = s.masked_fill_(future, -math.inf)
+    w = torch.softmax(s, dim=-1)  # (..., L, S)
+    return w @ v, w  # (..., L, Ev), (..., L, S)

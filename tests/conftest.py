@@ -13,6 +13,11 @@ if str(ROOT) not in sys.path:
 # Two pytest workers share CI's two cores: one thread each keeps them from fighting.
 torch.set_num_threads(1)
 
+# Without a GPU, Triton's interpreter runs lib.flash's kernels on CPU tensors. Triton decides when it defines a
+# kernel, so this must be set before anything imports lib.flash.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 settings.register_profile(
     "default", max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )

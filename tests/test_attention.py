@@ -603,6 +603,54 @@ def test_bad_mask_and_softmax_arguments(call, exc, words):
 # ----------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_half_precision_gpu_path_matches_sdpa(dtype, causal):
+    # speed.half_attention_on_gpu is plain torch, so it runs here on CPU tensors exactly as it would on a GPU.
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, n, 16, generator=g, dtype=torch.float64) for n in (9, 13, 13))
+    out, w = speed.half_attention_on_gpu(q.to(dtype), k.to(dtype), v.to(dtype), causal, 0.25)
+    assert out.dtype == w.dtype == dtype and out.shape == (2, 3, 9, 16) and w.shape == (2, 3, 9, 13)
+    mask = combined_mask(None, causal, 9, 13)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25)
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=3e-2 if dtype == torch.bfloat16 else 4e-3)
+    torch.testing.assert_close(w.double().sum(-1), torch.ones(2, 3, 9, dtype=torch.float64), rtol=0, atol=2e-2)
+    if causal:
+        assert (w.triu(1) == 0).all()
+
+
+def test_only_unmasked_half_precision_on_a_gpu_takes_the_half_path(monkeypatch):
+    half = [torch.randn(4, 8, dtype=torch.float16) for _ in range(3)]
+    assert not speed.half_attention_on_gpu_applies(*half, None)  # CPU: the contract computes in float32
+    assert not speed.half_attention_on_gpu_applies(*(t.float() for t in half), None)
+    assert not speed.half_attention_on_gpu_applies(*(t.numpy() for t in half), None)
+    calls, original = [], speed.half_attention_on_gpu
+
+    def spy(*args):
+        calls.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(speed, "half_attention_on_gpu_applies", lambda q, k, v, mask: mask is None)
+    monkeypatch.setattr(speed, "half_attention_on_gpu", spy)
+    out = attn.attention(*half, causal=True)
+    assert len(calls) == 1 and calls[0][0].dtype == torch.float16 and out.dtype == torch.float16  # not upcast
+    attn.attention(*half, torch.ones(4, 4, dtype=torch.bool))
+    assert len(calls) == 1  # a mask takes the general path
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_cuda_half_path_matches_sdpa(dtype, causal):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 1024, 64, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+    assert speed.half_attention_on_gpu_applies(q, k, v, None)
+    got = attn.attention(q, k, v, causal=causal)
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected, rtol=0, atol=3e-2 if dtype == torch.bfloat16 else 5e-3)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", IMPLEMENTATIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -133,7 +133,10 @@ def test_every_figure_has_alt_text(page):
 def test_chapter_has_its_colab_link(page):
     repo = urllib.parse.urlparse(CONFIG["repository"]["url"]).path.strip("/")
     branch = CONFIG["repository"]["branch"]
-    expected = f"https://colab.research.google.com/github/{repo}/blob/{branch}/{page}.ipynb"
+    book = CONFIG["repository"].get("path_to_book", "").strip("/")  # colab: the Colab edition of the chapters
+    notebook = f"{book}/{page}.ipynb" if book else f"{page}.ipynb"
+    assert (ROOT / notebook).is_file(), f"the Colab button would open {notebook}, which does not exist"
+    expected = f"https://colab.research.google.com/github/{repo}/blob/{branch}/{notebook}"
     links = [a.get("href") for a in source_soup(page).find_all("a")]
     assert expected in links, f"no Colab link {expected}"
 

@@ -1,0 +1,229 @@
+"""Speed of the library's GPU paths against PyTorch's fused kernel: `flash_attention`, `attention`, `tiled_attention`.
+
+    make bench-gpu                                  # the full grid below, on the machine's own Python
+    python benchmarks/bench_gpu.py --dtypes bfloat16 --d 64 --sizes 4096 --passes forward
+    python benchmarks/bench_gpu.py --sweep --sizes 4096 8192      # every tile configuration of lib.flash, alone
+    python benchmarks/bench_gpu.py --csv benchmarks/gpu_results.csv   # also write the figures for chapter 8
+
+Default grid: bfloat16 and float16; batch 4, 16 heads; head size 64 and 128; n = 1,024 to 16,384; causal and not;
+forward, and forward + backward. For each shape every implementation runs on the same q, k, v (and the same
+upstream gradient), warmed up once (which also lets Triton tune lib.flash), then timed interleaved (A, B, C, A, B,
+C, ...) with CUDA events, and the median reported with its ratio to SDPA's time in the same run. Each output is
+compared with SDPA's first, and the SDPA backend that ran is named from the profiler, so a fast wrong answer or a
+silent fallback to the unfused kernel cannot slip by.
+
+TFLOP/s count the matrix products only: forward 4·B·H·n²·d (two products of 2·n²·d), halved when causal; forward +
+backward 3.5 times that (the backward pass's five products, one of them recomputing the scores, count as 2.5
+forwards, the usual convention). It prints figures; nothing here passes or fails. Without CUDA it says so and
+stops, unless TRITON_INTERPRET=1 and --device cpu ask for a small smoke run in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import datetime
+import functools
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from lib import attention as attn
+
+IMPLEMENTATIONS = ("sdpa", "flash", "attention", "tiled")
+LABELS = {
+    "sdpa": "torch sdpa (fused)",
+    "flash": "lib.flash_attention",
+    "attention": "lib.attention (torch)",
+    "tiled": "lib.tiled_attention (torch)",
+}
+CALLS = {
+    "sdpa": lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+    "flash": lambda q, k, v, causal: attn.flash_attention(q, k, v, causal=causal),
+    "attention": lambda q, k, v, causal: attn.attention(q, k, v, causal=causal),
+    "tiled": lambda q, k, v, causal: attn.tiled_attention(q, k, v, causal=causal),
+}
+
+
+class Timer:
+    """CUDA events on a GPU (the host does not wait for the kernels); perf_counter on the CPU smoke run."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def __call__(self, fn):
+        if not self.cuda:
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e3
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+
+def flops(B, H, n, d, causal, passes):
+    forward = 4 * B * H * n * n * d / (2 if causal else 1)
+    return forward * (3.5 if passes == "forward+backward" else 1.0)
+
+
+def sdpa_backend(q, k, v, causal):
+    """The name of the aten operator SDPA dispatched to for these inputs (flash, efficient, cudnn or math)."""
+    with torch.profiler.profile() as prof:
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    names = [e.name for e in prof.events() if e.name.startswith("aten::_scaled_dot_product")]
+    names += [e.name for e in prof.events() if e.name.startswith("aten::_") and "attention" in e.name]
+    return names[0].removeprefix("aten::") if names else "unknown"
+
+
+def task(name, q, k, v, do, causal, passes):
+    """A zero-argument callable running one implementation's forward, or forward and backward."""
+    call = CALLS[name]
+    if passes == "forward":
+        def forward():
+            with torch.no_grad():
+                return call(q, k, v, causal)
+        return forward
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+
+    def both():
+        for x in leaves:
+            x.grad = None
+        call(*leaves, causal).backward(do)
+    return both
+
+
+def run_shape(args, dtype, d, n, causal, passes, device, timer, writer, header):
+    B, H = args.batch, args.heads
+    g = torch.Generator(device=device).manual_seed(0)
+    q, k, v, do = (torch.randn(B, H, n, d, device=device, dtype=dtype, generator=g) for _ in range(4))
+    reference = CALLS["sdpa"](q, k, v, causal).float()
+    tasks, notes = {}, {}
+    for name in args.impls:
+        try:
+            error = (CALLS[name](q, k, v, causal).float() - reference).abs().max().item()
+            fn = task(name, q, k, v, do, causal, passes)
+            fn()  # warm-up; Triton tunes lib.flash here
+        except torch.cuda.OutOfMemoryError:
+            notes[name] = "out of memory"
+            torch.cuda.empty_cache()
+            continue
+        tasks[name], notes[name] = fn, f"max |out - sdpa| {error:.1e}"
+    times = {name: [] for name in tasks}
+    for _ in range(args.reps):
+        for name, fn in tasks.items():
+            times[name].append(timer(fn))
+    work = flops(B, H, n, d, causal, passes)
+    base = statistics.median(times["sdpa"]) if "sdpa" in times else None
+    for name in args.impls:
+        if name not in times:
+            print(f"  {n:>6}  {LABELS[name]:<30} {notes[name]}")
+            continue
+        ms = statistics.median(times[name])
+        ratio = f"{ms / base:6.2f}x" if base else "      "
+        print(f"  {n:>6}  {LABELS[name]:<30} {ms:9.3f} ms  {work / ms / 1e9:7.1f} TFLOP/s  {ratio}  {notes[name]}")
+        if writer:
+            writer.writerow({**header, "dtype": str(dtype).removeprefix("torch."), "causal": causal, "d": d, "n": n,
+                             "pass": passes, "impl": name, "ms": round(ms, 4),
+                             "tflops": round(work / ms / 1e9, 1)})
+
+
+def sweep(args, device, timer):
+    """Every tile configuration of lib.flash, forced one at a time, forward and backward kernels apart."""
+    from triton.runtime.errors import OutOfResources
+
+    from lib import flash
+
+    for dtype in args.dtypes:
+        for d in args.d:
+            for n in args.sizes:
+                for causal in args.causal:
+                    B, H = args.batch, args.heads
+                    q, k, v, do = (torch.randn(B * H, n, d, device=device, dtype=dtype) for _ in range(4))
+                    scale = d**-0.5
+                    o, lse = flash._forward(q, k, v, causal, scale)
+                    print(f"{dtype} d {d} n {n} causal {causal}")
+                    for kind, choices in (("forward", flash.FORWARD_TILES), ("backward", flash.BACKWARD_TILES)):
+                        for tiles in choices:
+                            if kind == "forward":
+                                fn = functools.partial(flash._forward, q, k, v, causal, scale, tiles=tiles)
+                            else:
+                                fn = functools.partial(flash._backward, q, k, v, o, lse, do, causal, scale, tiles=tiles)
+                            try:
+                                fn()
+                                ms = statistics.median(timer(fn) for _ in range(args.reps))
+                            except OutOfResources as err:  # a tile too large for this GPU's on-chip memory
+                                print(f"  {kind:<8} {tiles}: {err}")
+                                continue
+                            factor = 1.0 if kind == "forward" else 2.5
+                            tflops = flops(B, H, n, d, causal, "forward") * factor / ms / 1e9
+                            print(f"  {kind:<8} {tiles}: {ms:8.3f} ms  {tflops:6.1f} TFLOP/s")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"])
+    parser.add_argument("--d", nargs="+", type=int, default=[64, 128])
+    parser.add_argument("--sizes", nargs="+", type=int, default=[1024, 2048, 4096, 8192, 16384])
+    parser.add_argument("--causal", nargs="+", default=["false", "true"], choices=["false", "true"])
+    parser.add_argument("--passes", nargs="+", default=["forward", "forward+backward"],
+                        choices=["forward", "forward+backward"])
+    parser.add_argument("--impls", nargs="+", default=list(IMPLEMENTATIONS), choices=IMPLEMENTATIONS)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--csv", help="also write every figure to this CSV file (chapter 8 plots it)")
+    parser.add_argument("--sweep", action="store_true", help="time each of lib.flash's tile configurations")
+    args = parser.parse_args()
+    args.dtypes = [getattr(torch, name) for name in args.dtypes]
+    args.causal = [c == "true" for c in args.causal]
+    if "sdpa" not in args.impls:
+        args.impls.insert(0, "sdpa")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("No CUDA GPU here: this benchmark measures the GPU paths. Run it on a machine with one (make bench-gpu).")
+        return
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        sys.exit("--device cpu runs lib.flash in Triton's interpreter: set TRITON_INTERPRET=1 (a smoke run only)")
+
+    import triton
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton interpreter)"
+    header = {"device": name, "torch": torch.__version__, "triton": triton.__version__,
+              "cuda": torch.version.cuda or "none", "date": datetime.date.today().isoformat()}
+    print(", ".join(f"{k} {v}" for k, v in header.items()) + f"; batch {args.batch}, {args.heads} heads")
+    timer = Timer(device)
+    if args.sweep:
+        sweep(args, device, timer)
+        return
+    with open(args.csv, "w", newline="") if args.csv else contextlib.nullcontext() as out:
+        writer = None
+        if out:
+            fields = [*header, "dtype", "causal", "d", "n", "pass", "impl", "ms", "tflops"]
+            writer = csv.DictWriter(out, fieldnames=fields)
+            writer.writeheader()
+        for dtype in args.dtypes:
+            for d in args.d:
+                for causal in args.causal:
+                    for passes in args.passes:
+                        q = torch.zeros(1, 1, 64, d, device=device, dtype=dtype)
+                        backend = sdpa_backend(q, q, q, causal)
+                        print(f"\n{str(dtype).removeprefix('torch.')}, d {d}, {'causal' if causal else 'full'}, "
+                              f"{passes} (sdpa runs {backend})")
+                        for n in args.sizes:
+                            run_shape(args, dtype, d, n, causal, passes, device, timer, writer, header)
+
+
+if __name__ == "__main__":
+    main()

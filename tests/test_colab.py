@@ -1,0 +1,311 @@
+"""The Colab edition of the chapters (colab/chapters, written by tools/make_colab.py): current, and free of MyST.
+
+The first tests check the committed copies against the chapters; the rest check each rule of the conversion on a
+tiny book of two chapters, so that a broken rule fails on its own.
+"""
+
+import importlib.util
+import json
+import pathlib
+import re
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+COPIES = ROOT / CONFIG["repository"]["path_to_book"] / "chapters"
+BASE = CONFIG["html"]["baseurl"].rstrip("/") + "/"
+
+spec = importlib.util.spec_from_file_location("make_colab", ROOT / "tools" / "make_colab.py")
+mc = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mc)
+
+ROLE = re.compile(r"\{[A-Za-z][\w:+.-]*\}`")
+DIRECTIVE = re.compile(r"^\s*(`{3,}|~{3,}|:{3,})\s*\{", re.MULTILINE)
+RELATIVE_PAGE_LINK = re.compile(r"\]\((?![A-Za-z][A-Za-z0-9+.-]*:)[^)\s]*\.(?:ipynb|md)(?:#[^)\s]*)?\)")
+FOLDED = ("hide-cell", "hide-input", "remove-input")
+
+
+def load(path):
+    return json.loads(path.read_text())
+
+
+def text(cell):
+    return "".join(cell["source"])
+
+
+# ------------------------------------------------------------------------------------------- the committed copies
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    out = tmp_path_factory.mktemp("colab")
+    mc.build(out)
+    return out / "chapters"
+
+
+def test_copies_are_current(fresh):
+    expected = sorted(p.name for p in fresh.glob("*.ipynb"))
+    committed = sorted(p.name for p in COPIES.glob("*.ipynb"))
+    assert committed == expected, f"colab copies {committed} do not match the chapters {expected}: run make colab"
+    for name in expected:
+        assert (COPIES / name).read_bytes() == (fresh / name).read_bytes(), f"colab/chapters/{name} is stale: run make colab"
+
+
+def test_generator_is_deterministic(fresh, tmp_path):
+    mc.build(tmp_path)
+    for path in fresh.glob("*.ipynb"):
+        assert (tmp_path / "chapters" / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_the_colab_button_opens_the_copies():
+    """The launch button's URL is {colab_url}/github/{org}/{repo}/blob/{branch}/{path_to_book}/{page}.ipynb."""
+    for chapter in CHAPTERS:
+        assert (COPIES / chapter.name).is_file(), f"no Colab copy of {chapter.name}: run make colab"
+    assert "colab/**" in CONFIG["exclude_patterns"], "the copies must stay out of the book build"
+    assert BASE.startswith("https://")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_copy_reads_like_the_book(chapter):
+    copy = load(COPIES / chapter.name)
+    for cell in copy["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        md = text(cell)
+        assert not ROLE.search(md), f"{cell['id']}: MyST role left: {ROLE.search(md).group(0)}"
+        assert not DIRECTIVE.search(md), f"{cell['id']}: MyST directive left"
+        assert "glue" not in md, f"{cell['id']}: unresolved glue"
+        assert not RELATIVE_PAGE_LINK.search(md), f"{cell['id']}: relative link {RELATIVE_PAGE_LINK.search(md).group(0)}"
+    banner = text(copy["cells"][0])
+    assert f"{BASE}chapters/{chapter.stem}.html" in banner and "git clone" in banner
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_copy_folds_solutions_and_keeps_the_code(chapter):
+    original, copy = load(chapter), load(COPIES / chapter.name)
+    by_id = {c["id"]: c for c in copy["cells"]}
+    for cell in original["cells"]:
+        if cell["cell_type"] != "code" or cell["id"] not in by_id:
+            continue
+        new = by_id[cell["id"]]
+        assert new["outputs"] == [] and new["execution_count"] is None
+        if any(tag in cell["metadata"].get("tags", []) for tag in FOLDED):
+            assert new["metadata"].get("cellView") == "form", f"{cell['id']} is a solution Colab would show open"
+            assert new["source"][0].startswith("# @title "), f"{cell['id']} has no form title"
+            assert text(new).endswith(text(cell))
+        elif "raises-exception" not in cell["metadata"].get("tags", []):
+            assert text(new) == text(cell), f"{cell['id']}: the copy's code differs from the chapter's"
+    assert copy["metadata"].get("accelerator") == original["metadata"].get("accelerator")
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_copy_keeps_the_setup_cell(chapter):
+    first = next(c for c in load(chapter)["cells"] if c["cell_type"] == "code")
+    copied = next(c for c in load(COPIES / chapter.name)["cells"] if c["cell_type"] == "code")
+    assert copied["id"] == first["id"] and text(copied) == text(first)
+    assert "cellView" not in copied["metadata"]
+
+
+# ------------------------------------------------------------------------------------------- the rules, one by one
+
+BIB = r"""
+@inproceedings{one2020,
+  title = {{FlashAttention}: Fast and {IO}-Aware},
+  author = {Kaiser, {\L}ukasz},
+  year = {2020}
+}
+@article{two2021, title = "Self-attention Does Not Need $O(n^2)$ Memory", author = {Rabe, Markus N. and R{\'e}, Christopher}, year = 2021}
+@misc{many2022,
+  title = {Many},
+  author = {Fran{\c{c}}ois Fleuret and Ainslie, Joshua and de Jong, Michiel},
+  year = {2022}
+}
+@misc{others2023, title = {Induction}, author = {Olsson, Catherine and others}, year = {2023}}
+"""
+
+
+def glue_output(name, plain):
+    prefix = "application/papermill.record/"
+    return {
+        "data": {prefix + "text/plain": plain},
+        "metadata": {"scrapbook": {"mime_prefix": prefix, "name": name}},
+        "output_type": "display_data",
+    }
+
+
+def notebook(cells, **metadata):
+    return {"cells": cells, "metadata": metadata, "nbformat": 4, "nbformat_minor": 5}
+
+
+def md(cell_id, source):
+    return {"cell_type": "markdown", "id": cell_id, "metadata": {}, "source": source}
+
+
+def code(cell_id, source, tags=(), outputs=()):
+    meta = {"tags": list(tags)} if tags else {}
+    return {"cell_type": "code", "id": cell_id, "metadata": meta, "source": source, "execution_count": 1,
+            "outputs": list(outputs)}
+
+
+@pytest.fixture()
+def book(tmp_path):
+    (tmp_path / "_config.yml").write_text(
+        yaml.safe_dump(
+            {
+                "title": "Tiny",
+                "repository": {"url": "https://github.com/org/repo", "branch": "main", "path_to_book": "colab"},
+                "html": {"baseurl": "https://org.github.io/repo/"},
+            }
+        )
+    )
+    (tmp_path / "references.bib").write_text(BIB)
+    (tmp_path / "intro.md").write_text("# Intro\n\n(notation)=\n## Notation\n")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "attention.py").write_text("")
+    chapters = tmp_path / "chapters"
+    chapters.mkdir()
+    (chapters / "plot.png").write_bytes(b"")
+    one = notebook(
+        [
+            md("cell-000", "# One\n\nIntro."),
+            code("cell-001", "import sys", tags=["remove-cell"]),
+            code("cell-002", "glue('n', 1048576)\nglue('x', 0.39412)", outputs=[
+                glue_output("n", "1048576"), glue_output("x", "0.39412"), glue_output("s", "'word'")
+            ]),
+            code("cell-003", "glue('late', 2)", tags=["remove-cell"], outputs=[glue_output("late", "2")]),
+            code("cell-004", "1 / 0", tags=["raises-exception"]),
+            md("cell-005", "## Exercises\n\n**1.** Try it."),
+            code("cell-006", "assert True", tags=["hide-cell"]),
+            md("cell-007", "**2.** Again."),
+            code("cell-008", "assert 1", tags=["hide-input"]),
+        ],
+        accelerator="GPU",
+    )
+    (chapters / "01_one.ipynb").write_text(json.dumps(one))
+    two = notebook([md("cell-000", "# Two\n\n(sec-two)=\n## A section"), code("cell-001", "glue('m', 7)", outputs=[glue_output("m", "7")])])
+    (chapters / "02_two.ipynb").write_text(json.dumps(two))
+    return mc.Book(tmp_path)
+
+
+def convert(book, source, doc="chapters/01_one"):
+    return mc.convert_blocks(book, doc, source)
+
+
+@pytest.mark.parametrize(
+    "plain, spec, shown",
+    [("1048576", ",d", "1,048,576"), ("0.39412", ".2f", "0.39"), ("0.39412", "s", "0.39412"), ("3", "", "3"),
+     ("'word'", "s", "word"), ("0.5", ".1%", "50.0%"), ("2.0", "d", "2"), ("0.000123", ".1e", "1.2e-04")],
+)
+def test_glue_format_spec_as_myst_nb(plain, spec, shown):
+    assert mc.format_plain_text(plain, spec) == shown
+
+
+def test_glue_roles_take_the_stored_values(book):
+    assert convert(book, "{glue:text}`n:,d` and {glue:text}`x:.2f` and {glue:text}`x`") == "1,048,576 and 0.39 and 0.39412"
+    assert convert(book, "{glue}`s`, {glue:text}`s`, {glue:any}`n`") == "'word', word, 1048576"
+    assert convert(book, "{glue:text}`02_two.ipynb::m:.1f`") == "7.0"
+    with pytest.raises(mc.ConversionError, match="no glued value 'missing'"):
+        convert(book, "{glue:text}`missing`")
+
+
+def test_bibtex_names_accents_and_braces():
+    entries = mc.parse_bibtex(BIB)
+    assert set(entries) == {"one2020", "two2021", "many2022", "others2023"}
+    assert mc.latex_to_text(entries["one2020"]["title"]) == "FlashAttention: Fast and IO-Aware"
+    assert mc.latex_to_text(entries["two2021"]["title"]) == "Self-attention Does Not Need $O(n^2)$ Memory"
+    assert mc.latex_to_text(r"{\L}ukasz R{\'e} Fran{\c{c}}ois Lebr{\'o}n G\"{o}del \'Ecole {\ss} na\"ive") == (
+        "Łukasz Ré François Lebrón Gödel École ß naïve"
+    )
+    assert mc.format_authors(entries["one2020"]["author"]) == "Kaiser"
+    assert mc.format_authors(entries["two2021"]["author"]) == "Rabe and Ré"
+    assert mc.format_authors(entries["many2022"]["author"]) == "Fleuret et al."
+    assert mc.format_authors(entries["others2023"]["author"]) == "Olsson et al."
+    assert mc.last_name("Michiel de Jong") == "de Jong" and mc.last_name("de Jong, Michiel") == "de Jong"
+
+
+def test_citations_become_readable_references(book):
+    assert convert(book, "as shown {cite}`one2020`.") == "as shown (Kaiser, 2020, *FlashAttention: Fast and IO-Aware*)."
+    assert convert(book, "{cite:p}`one2020,two2021`") == (
+        "(Kaiser, 2020, *FlashAttention: Fast and IO-Aware*; Rabe and Ré, 2021, *Self-attention Does Not Need $O(n^2)$ Memory*)"
+    )
+    assert convert(book, "{cite:t}`many2022` showed") == "Fleuret et al. (2022, *Many*) showed"
+    with pytest.raises(mc.ConversionError, match="not in references.bib"):
+        convert(book, "{cite}`nobody1999`")
+
+
+@pytest.mark.parametrize(
+    "link, url",
+    [
+        ("[ch 2](02_two.ipynb)", "[ch 2](https://org.github.io/repo/chapters/02_two.html)"),
+        ("[ch 2](02_two.md#a-section)", "[ch 2](https://org.github.io/repo/chapters/02_two.html#a-section)"),
+        ("[intro](../intro.md)", "[intro](https://org.github.io/repo/intro.html)"),
+        ("[code](../lib/attention.py)", "[code](https://github.com/org/repo/blob/main/lib/attention.py)"),
+        ("![a plot](plot.png)", "![a plot](https://raw.githubusercontent.com/org/repo/main/chapters/plot.png)"),
+        ("[web](https://example.org/x.md)", "[web](https://example.org/x.md)"),
+        ("[here](#local)", "[here](#local)"),
+        ("[notation](#notation)", "[notation](https://org.github.io/repo/intro.html#notation)"),
+        ("{doc}`../intro`", "[Intro](https://org.github.io/repo/intro.html)"),
+        ("{doc}`the second <02_two>`", "[the second](https://org.github.io/repo/chapters/02_two.html)"),
+        ("{ref}`sec-two`", "[A section](https://org.github.io/repo/chapters/02_two.html#sec-two)"),
+        ("{ref}`there <notation>`", "[there](https://org.github.io/repo/intro.html#notation)"),
+        ("`[code](02_two.ipynb)`", "`[code](02_two.ipynb)`"),
+    ],
+)
+def test_links_point_at_the_published_book(book, link, url):
+    assert convert(book, link) == url
+
+
+def test_broken_link_is_an_error(book):
+    with pytest.raises(mc.ConversionError, match="not a file"):
+        convert(book, "[gone](03_gone.ipynb)")
+
+
+@pytest.mark.parametrize(
+    "myst, markdown",
+    [
+        ("```{note}\nMind the $n^2$.\n```", "> **Note**\n>\n> Mind the $n^2$."),
+        (":::{admonition} Why $\\sqrt{d}$\nBecause.\n\nTwice.\n:::", "> **Why $\\sqrt{d}$**\n>\n> Because.\n>\n> Twice."),
+        ("````{tip}\n```{math}\nx\n```\n````", "> **Tip**\n>\n> $$\n> x\n> $$"),
+        ("```{math}\n:label: eq-one\na = b\n```", "$$\na = b\n$$"),
+        ("```{figure} plot.png\n:alt: A rising line\n:name: fig-one\n\nThe caption.\n```",
+         "![A rising line](https://raw.githubusercontent.com/org/repo/main/chapters/plot.png)\n\n*The caption.*"),
+        ("```{eval-rst}\n.. automodule:: lib\n```",
+         "> This part is rendered only in [the book](https://org.github.io/repo/chapters/01_one.html)."),
+        ("```{code-block} python\n:linenos:\nx = 1\n```", "```python\nx = 1\n```"),
+        ("```python\nx = {glue:text}`n`\n```", "```python\nx = {glue:text}`n`\n```"),
+        ("Text\n\\begin{align}\na &= b\n\\end{align}\nmore", "Text\n\n$$\n\\begin{align}\na &= b\n\\end{align}\n$$\n\nmore"),
+        ("$$\n\\begin{aligned} a &= b \\end{aligned}\n$$ (eq-two)", "$$\n\\begin{aligned} a &= b \\end{aligned}\n$$"),
+        ("(my-label)=\n## Heading\n% a comment\n+++\nText", "## Heading\nText"),
+        ("Uses {math}`x^2` and {sub}`2`.", "Uses $x^2$ and <sub>2</sub>."),
+        ("Para\n```{warning}\nCareful.\n```\nNext", "Para\n\n> **Warning**\n>\n> Careful.\n\nNext"),
+    ],
+)
+def test_directives_become_plain_markdown(book, myst, markdown):
+    assert convert(book, myst) == markdown
+
+
+def test_unknown_myst_is_an_error_not_a_silent_copy(book):
+    with pytest.raises(mc.ConversionError, match="directive"):
+        convert(book, "```{tab-set}\nx\n```")
+    with pytest.raises(mc.ConversionError, match="role"):
+        convert(book, "{unknown-role}`x`")
+
+
+def test_notebook_conversion_folds_solutions_and_drops_book_plumbing(book):
+    nb = mc.convert_notebook(book, book.root / "chapters" / "01_one.ipynb")
+    cells = {c["id"]: c for c in nb["cells"]}
+    assert nb["cells"][0]["id"] == "colab-banner"
+    assert "https://org.github.io/repo/chapters/01_one.html" in text(nb["cells"][0])
+    assert "GPU" in text(nb["cells"][0]) and "on purpose" in text(nb["cells"][0])
+    assert nb["metadata"]["accelerator"] == "GPU"
+    assert text(cells["cell-001"]) == "import sys"  # the setup cell stays as it is
+    assert "cell-003" not in cells  # a hidden cell that only glues is for the book alone
+    assert text(cells["cell-004"]).startswith("# This cell stops with an error on purpose")
+    for cell_id, number in (("cell-006", 1), ("cell-008", 2)):
+        assert cells[cell_id]["metadata"]["cellView"] == "form"
+        assert cells[cell_id]["source"][0] == f"# @title Solution to exercise {number} (double-click to show)\n"
+    assert all(c.get("outputs", []) == [] and c.get("execution_count") is None for c in nb["cells"] if c["cell_type"] == "code")
+    assert mc.is_glue_only("glue('a', 1)\nglue('b', 2)") and not mc.is_glue_only("a = glue('a', 1)")
