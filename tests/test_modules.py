@@ -267,7 +267,7 @@ def test_multihead_parity_on_cuda(dtype):
     mod = TorchMultiHeadAttention(64, 4, device="cuda", dtype=dtype).eval()
     x = torch.randn(2, 128, 64, device="cuda", dtype=dtype)
     mha = to_multihead_attention(mod).eval()
-    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-3}
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
     torch.testing.assert_close(mod(x, causal=True), mha(x, x, x, attn_mask=~attn.causal_mask(128, like=x))[0], **tol)
     torch.testing.assert_close(mod(x), mod(x, return_weights=True)[0], **tol)  # fused kernel against the reference
 
