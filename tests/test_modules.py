@@ -1,4 +1,4 @@
-"""lib.modules: the NumPy and torch self-attention twins against each other and against nn.MultiheadAttention."""
+"""lib.modules: the NumPy and torch attention twins (one head, many heads) against each other and nn.MultiheadAttention."""
 
 import math
 import pathlib
@@ -8,12 +8,19 @@ import sys
 import numpy as np
 import pytest
 import torch
+from torch.nn.attention.bias import causal_lower_right
 
 from lib import attention as attn
 from lib import modules
 from lib.modules import (
+    MultiHeadAttention,
     SelfAttention,
+    TorchMultiHeadAttention,
     TorchSelfAttention,
+    from_multihead_attention,
+    grouped_attention,
+    merge_heads,
+    split_heads,
     to_multihead_attention,
     xavier_bound,
 )
@@ -241,13 +248,28 @@ def test_load_state_dict_round_trip_from_torch():
 
 @pytest.mark.gpu
 def test_parity_on_cuda():
-    np_mod, torch_mod = twins(32, 16, 16, 32)
+    np_mod, torch_mod = twins(32, 16, 16, 32)  # d_k = 16 < d_model: one head, not convertible to nn.MultiheadAttention
     x = tokens(2, 8, 32)
-    out = torch_mod.to("cuda")(torch.from_numpy(x).to("cuda"), causal=True)
+    xc = torch.from_numpy(x).to("cuda")
+    out = torch_mod.to("cuda")(xc, causal=True)
     assert out.device.type == "cuda"
     np.testing.assert_allclose(out.cpu().detach().numpy(), np_mod(x, causal=True), rtol=1e-4, atol=1e-5)
-    mha_out, _ = to_multihead_attention(torch_mod)(*[torch.from_numpy(x).to("cuda")] * 3)
-    torch.testing.assert_close(mha_out, torch_mod(torch.from_numpy(x).to("cuda")), rtol=1e-4, atol=1e-5)
+    _, square = twins(32, 32, 32, 32)  # d_k = d_v = d_out = d_model: what one head of nn.MultiheadAttention holds
+    square = square.to("cuda")
+    mha_out, _ = to_multihead_attention(square)(xc, xc, xc)
+    torch.testing.assert_close(mha_out, square(xc), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_multihead_parity_on_cuda(dtype):
+    torch.manual_seed(0)
+    mod = TorchMultiHeadAttention(64, 4, device="cuda", dtype=dtype).eval()
+    x = torch.randn(2, 128, 64, device="cuda", dtype=dtype)
+    mha = to_multihead_attention(mod).eval()
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    torch.testing.assert_close(mod(x, causal=True), mha(x, x, x, attn_mask=~attn.causal_mask(128, like=x))[0], **tol)
+    torch.testing.assert_close(mod(x), mod(x, return_weights=True)[0], **tol)  # fused kernel against the reference
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -307,3 +329,338 @@ def test_bad_state_and_multihead_sizes_are_named():
 def test_unknown_attribute_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         _ = modules.Nope
+
+
+# ================================================================================================================
+# Multi-head attention (chapter 9)
+# ================================================================================================================
+
+
+def mh_twins(d_model=12, n_heads=3, n_kv_heads=None, seed=0):
+    """A NumPy and a torch multi-head module holding the same weights."""
+    np_mod = MultiHeadAttention(d_model, n_heads, n_kv_heads, rng=seed)
+    torch_mod = TorchMultiHeadAttention(d_model, n_heads, n_kv_heads)
+    torch_mod.load_state_dict({n: torch.from_numpy(w) for n, w in np_mod.state_dict().items()})
+    return np_mod, torch_mod.eval()
+
+
+def sdpa_kernels(fn):
+    """Names of the aten scaled-dot-product kernels that ran inside fn()."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.name for e in prof.events() if e.name.startswith("aten::_scaled_dot_product")}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Heads: split, merge, grouped
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_split_heads_gives_each_head_its_columns_and_merge_undoes_it(backend):
+    x = tokens(2, 5, 12)
+    x = torch.from_numpy(x) if backend == "torch" else x
+    heads = split_heads(x, 3)
+    assert tuple(heads.shape) == (2, 3, 5, 4)
+    for i in range(3):
+        np.testing.assert_array_equal(np.asarray(heads[:, i]), np.asarray(x[..., 4 * i : 4 * (i + 1)]))
+    np.testing.assert_array_equal(np.asarray(merge_heads(heads)), np.asarray(x))
+    assert tuple(split_heads(x[0], 4).shape) == (4, 5, 3)  # no batch dimension
+
+
+def test_a_reshape_without_transpose_mixes_tokens():
+    x = tokens(2, 5, 12)
+    wrong = x.reshape(2, 3, 5, 4)  # the same shape as split_heads(x, 3), other numbers
+    assert wrong.shape == split_heads(x, 3).shape
+    np.testing.assert_array_equal(wrong[0, 0, 1], x[0, 0, 4:8])  # "head 0, token 1" is token 0's second head
+    assert not np.array_equal(wrong, split_heads(x, 3))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("n_kv", [1, 2, 4])
+def test_grouped_attention_is_attention_on_repeated_kv_heads(backend, n_kv):
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in [(2, 4, 5, 3), (2, n_kv, 7, 3), (2, n_kv, 7, 6)])
+    g = 4 // n_kv
+    expected = attn.attention(q, np.repeat(k, g, axis=1), np.repeat(v, g, axis=1))  # head i reads kv head i // g
+    if backend == "torch":
+        q, k, v = (torch.from_numpy(t) for t in (q, k, v))
+    out, weights = grouped_attention(q, k, v, return_weights=True)
+    assert tuple(out.shape) == (2, 4, 5, 6) and tuple(weights.shape) == (2, 4, 5, 7)
+    np.testing.assert_allclose(np.asarray(out), expected, **TOL32)
+    if backend == "torch":
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        torch.testing.assert_close(out, sdpa, **TOL32)
+        torch.testing.assert_close(sdpa, torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)), **TOL32)
+
+
+def test_grouped_attention_causal_is_bottom_right():
+    rng = np.random.default_rng(4)
+    q, k, v = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in [(1, 2, 3, 4), (1, 2, 8, 4), (1, 2, 8, 4)])
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=causal_lower_right(3, 8)
+    )
+    torch.testing.assert_close(grouped_attention(q, k, v, causal=True), expected, **TOL32)
+    top_left = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert not torch.allclose(top_left, expected, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parity with nn.MultiheadAttention
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_heads", [1, 2, 4])
+def test_multihead_agrees_with_nn_multihead_attention(n_heads):
+    torch.manual_seed(n_heads)
+    mod = TorchMultiHeadAttention(16, n_heads).eval()
+    mha = to_multihead_attention(mod).eval()
+    x = torch.randn(3, 6, 16)
+    out, weights = mod(x, return_weights=True)
+    ref, ref_weights = mha(x, x, x, average_attn_weights=False)
+    torch.testing.assert_close(mod(x), ref, **TOL32)  # the fused path
+    torch.testing.assert_close(out, ref, **TOL32)  # the reference path that also returns the weights
+    torch.testing.assert_close(weights, ref_weights, **TOL32)
+    assert tuple(weights.shape) == (3, n_heads, 6, 6)
+
+
+@pytest.mark.parametrize("n_heads", [1, 2, 4])
+def test_masks_agree_with_nn_multihead_attention_once_flipped(n_heads):
+    torch.manual_seed(0)
+    mod = TorchMultiHeadAttention(16, n_heads).eval()
+    mha = to_multihead_attention(mod).eval()
+    x = torch.randn(3, 6, 16)
+    may_attend = attn.causal_mask(6, like=x)  # True = may attend
+    pad = attn.padding_mask(torch.tensor([6, 4, 2]), 6)  # (B, 1, S), True on real tokens
+    key_padding_mask = ~pad[:, 0, :]  # nn.MultiheadAttention: (B, S), True = ignore
+    cases = [
+        (mod(x, causal=True), mha(x, x, x, attn_mask=~may_attend)[0]),
+        (mod(x, may_attend), mha(x, x, x, attn_mask=~may_attend)[0]),
+        (mod(x, pad), mha(x, x, x, key_padding_mask=key_padding_mask)[0]),
+        (mod(x, pad, causal=True), mha(x, x, x, attn_mask=~may_attend, key_padding_mask=key_padding_mask)[0]),
+    ]
+    for ours, theirs in cases:
+        torch.testing.assert_close(ours, theirs, **TOL32)
+    additive = torch.zeros(6, 6).masked_fill(~may_attend, -math.inf)  # a floating mask: added in both conventions
+    torch.testing.assert_close(mod(x, additive), mha(x, x, x, attn_mask=additive)[0], **TOL32)
+
+
+@pytest.mark.parametrize("n_heads", [1, 2, 4])
+def test_cross_attention_with_a_different_key_length(n_heads):
+    torch.manual_seed(1)
+    mod = TorchMultiHeadAttention(16, n_heads).eval()
+    mha = to_multihead_attention(mod).eval()
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
+    pad = attn.padding_mask(torch.tensor([9, 6]), 9)
+    out, weights = mod(x, pad, context=memory, return_weights=True)
+    ref, ref_weights = mha(x, memory, memory, key_padding_mask=~pad[:, 0, :], average_attn_weights=False)
+    assert tuple(out.shape) == (2, 5, 16) and tuple(weights.shape) == (2, n_heads, 5, 9)
+    torch.testing.assert_close(out, ref, **TOL32)
+    torch.testing.assert_close(weights, ref_weights, **TOL32)
+    torch.testing.assert_close(mod(x, pad, context=memory), ref, **TOL32)
+
+
+def test_loading_from_nn_multihead_attention_and_back():
+    torch.manual_seed(2)
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()  # biases present but zero, as built
+    mod = from_multihead_attention(mha).eval()
+    assert (mod.n_heads, mod.d_head) == (4, 4) and isinstance(mod, TorchMultiHeadAttention)
+    x = torch.randn(2, 7, 16)
+    torch.testing.assert_close(mod(x), mha(x, x, x)[0], **TOL32)
+    again = to_multihead_attention(mod)
+    torch.testing.assert_close(again.in_proj_weight, mha.in_proj_weight)
+    torch.testing.assert_close(again.out_proj.weight, mha.out_proj.weight)
+
+
+def test_numpy_module_converts_to_nn_multihead_attention():
+    np_mod, _ = mh_twins(16, 4)
+    x = tokens(2, 6, 16)
+    out, _ = to_multihead_attention(np_mod)(*[torch.from_numpy(x)] * 3)
+    np.testing.assert_allclose(out.detach().numpy(), np_mod(x), **TOL32)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The twins, grouped-query attention, the fused kernel
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sizes", [(12, 3), (12, 1), (24, 6, 3), (24, 6, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_multihead_numpy_and_torch_agree(sizes, causal):
+    np_mod, torch_mod = mh_twins(*sizes)
+    x = tokens(2, 5, sizes[0])
+    out, weights = np_mod(x, causal=causal, return_weights=True)
+    t_out, t_weights = torch_mod(torch.from_numpy(x), causal=causal, return_weights=True)
+    np.testing.assert_allclose(t_out.detach().numpy(), out, **TOL32)
+    np.testing.assert_allclose(t_weights.detach().numpy(), weights, **TOL32)
+    np.testing.assert_allclose(torch_mod(torch.from_numpy(x), causal=causal).detach().numpy(), out, **TOL32)
+
+
+def test_multihead_twins_agree_on_cross_attention_masks_and_batches():
+    np_mod, torch_mod = mh_twins(12, 3)
+    x, memory = tokens(3, 2, 5, 12), tokens(3, 2, 7, 12, seed=2)  # two batch dimensions
+    mask = np.random.default_rng(5).random((3, 1, 5, 7)) > 0.3
+    out = np_mod(x, mask, context=memory, causal=True)
+    t_out = torch_mod(torch.from_numpy(x), torch.from_numpy(mask), context=torch.from_numpy(memory), causal=True)
+    np.testing.assert_allclose(t_out.detach().numpy(), out, **TOL32)
+
+
+def test_grouped_query_module_is_multihead_with_repeated_kv_heads():
+    gqa = TorchMultiHeadAttention(24, 6, 2).eval()
+    full = TorchMultiHeadAttention(24, 6).eval()
+    d, g = gqa.d_head, 3
+
+    def repeat_heads(w):  # (D, Hkv·d) -> (D, H·d): each key/value head's columns repeated for its g query heads
+        return w.reshape(24, 2, 1, d).expand(24, 2, g, d).reshape(24, 6 * d)
+
+    full.load_state_dict({"w_q": gqa.w_q, "w_k": repeat_heads(gqa.w_k), "w_v": repeat_heads(gqa.w_v), "w_o": gqa.w_o})
+    x = torch.randn(2, 5, 24)
+    torch.testing.assert_close(gqa(x, causal=True), full(x, causal=True), **TOL32)
+    torch.testing.assert_close(gqa(x, return_weights=True)[1], full(x, return_weights=True)[1], **TOL32)
+    assert gqa.num_parameters() == 2 * 24 * 24 + 2 * 24 * 2 * d < full.num_parameters() == 4 * 24 * 24
+
+
+def test_heads_cost_the_parameters_of_one_wide_head():
+    assert MultiHeadAttention(12, 3).num_parameters() == MultiHeadAttention(12, 1).num_parameters() == 4 * 12 * 12
+    assert TorchMultiHeadAttention(12, 4).num_parameters() == 4 * 12 * 12
+    assert list(MultiHeadAttention(12, 3).state_dict()) == list(TorchMultiHeadAttention(12, 3).state_dict())
+
+
+def test_torch_module_runs_a_fused_kernel_on_4d_heads():
+    _, mod = mh_twins(16, 4)
+    x = torch.randn(2, 32, 16)
+    fused = sdpa_kernels(lambda: mod(x, causal=True))
+    assert fused and all("math" not in name for name in fused), fused
+    unbatched = sdpa_kernels(lambda: mod(x[0]))  # one sequence: still viewed as (1, H, L, d)
+    assert unbatched and all("math" not in name for name in unbatched), unbatched
+
+
+def test_fully_masked_rows_give_zeros_not_nan():
+    np_mod, torch_mod = mh_twins(12, 3)
+    x = tokens(2, 5, 12)
+    mask = np.ones((2, 5, 5), dtype=bool)
+    mask[1, 2] = False  # query 2 of sequence 1 may attend nothing
+    out = np_mod(x, mask)
+    t_out = torch_mod(torch.from_numpy(x), torch.from_numpy(mask))
+    assert np.isfinite(out).all() and bool(torch.isfinite(t_out).all())
+    np.testing.assert_allclose(out[1, 2], 0, atol=1e-7)
+    np.testing.assert_allclose(t_out.detach().numpy(), out, **TOL32)
+
+
+def test_multihead_gradients_reach_every_weight():
+    torch.manual_seed(0)
+    mod = TorchMultiHeadAttention(12, 3, 1)
+    x = torch.randn(2, 5, 12, requires_grad=True)
+    mod(x, causal=True).square().sum().backward()
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in mod.parameters())
+    assert x.grad is not None and bool(x.grad.abs().sum() > 0)
+    mod64 = TorchMultiHeadAttention(6, 2, dtype=torch.float64)
+    x64 = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: mod64(t, causal=True), (x64,))
+
+
+def test_multihead_dropout_acts_only_while_training():
+    torch.manual_seed(0)
+    mod = TorchMultiHeadAttention(12, 3, dropout=0.5)
+    x = torch.randn(2, 5, 12)
+    mod.eval()
+    plain = mod(x)
+    torch.testing.assert_close(mod(x), plain)
+    _, plain_w = mod(x, return_weights=True)
+    mod.train()
+    assert not torch.allclose(mod(x), plain)  # SDPA's dropout_p
+    _, dropped_w = mod(x, return_weights=True)
+    kept = dropped_w != 0
+    assert not bool(kept.all())
+    torch.testing.assert_close(dropped_w[kept], 2 * plain_w[kept])
+
+
+def test_multihead_imports_without_torch():
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import numpy as np\n"
+        "from lib.modules import MultiHeadAttention\n"
+        "from lib.decoding import KVCache\n"
+        "m = MultiHeadAttention(12, 3, 1, rng=0)\n"
+        "cache = KVCache(4)\n"
+        "out = np.concatenate([m(np.ones((1, 2, 12)), cache=cache, causal=True) for _ in range(2)], axis=1)\n"
+        "assert out.shape == (1, 4, 12) and len(cache) == 4\n"
+    )
+    root = pathlib.Path(modules.__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bad input to the multi-head modules is named
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [MultiHeadAttention, TorchMultiHeadAttention])
+@pytest.mark.parametrize(
+    "args, exc, words",
+    [
+        ((10, 3), ValueError, "d_model=10 is not divisible by n_heads=3"),
+        ((12, 4, 3), ValueError, "n_heads=4 is not a multiple of n_kv_heads=3"),
+        ((12, 0), ValueError, "n_heads must be at least 1"),
+        ((12, 2.0), TypeError, "n_heads must be an integer"),
+        ((12, 4, 0), ValueError, "n_kv_heads must be at least 1"),
+    ],
+)
+def test_bad_head_sizes_are_named(cls, args, exc, words):
+    with pytest.raises(exc, match=words):
+        cls(*args)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_bad_multihead_inputs_are_named(backend):
+    np_mod, torch_mod = mh_twins(12, 3)
+    mod = np_mod if backend == "numpy" else torch_mod
+
+    def arr(a):
+        return a if backend == "numpy" else torch.from_numpy(a)
+
+    x = arr(tokens(2, 5, 12))
+    with pytest.raises(ValueError, match=r"x has d_model=11 .* built for d_model=12"):
+        mod(arr(tokens(2, 5, 11)))
+    with pytest.raises(ValueError, match="at least 2-D"):
+        mod(arr(tokens(12)))
+    with pytest.raises(ValueError, match=r"context has d_model=8"):
+        mod(x, context=arr(tokens(2, 7, 8)))
+    with pytest.raises(ValueError, match=r"context has batch dimensions \(3,\) but x has \(2,\)"):
+        mod(x, context=arr(tokens(3, 7, 12)))
+    with pytest.raises(TypeError, match="mask has dtype .*int.*integer masks are ambiguous"):
+        mod(x, arr(np.ones((5, 5), dtype=np.int64)))
+    with pytest.raises(ValueError, match=r"mask of shape \(5, 4\) does not broadcast"):
+        mod(x, arr(np.ones((5, 4), dtype=bool)))
+
+
+def test_bad_multihead_conversions_are_named():
+    with pytest.raises(ValueError, match="n_kv_heads=1 but n_heads=3: nn.MultiheadAttention has one key/value head"):
+        to_multihead_attention(MultiHeadAttention(12, 3, 1))
+    with pytest.raises(TypeError, match="must be a torch.nn.MultiheadAttention"):
+        from_multihead_attention(TorchMultiHeadAttention(12, 3))
+    biased = torch.nn.MultiheadAttention(12, 3, batch_first=True)
+    with torch.no_grad():
+        biased.in_proj_bias.fill_(0.1)
+    with pytest.raises(ValueError, match="in_proj_bias is not zero"):
+        from_multihead_attention(biased)
+    with pytest.raises(ValueError, match="kdim=6, vdim=6 but embed_dim=12"):
+        from_multihead_attention(torch.nn.MultiheadAttention(12, 3, kdim=6, vdim=6))
+    with pytest.raises(ValueError, match="add_bias_kv or add_zero_attn"):
+        from_multihead_attention(torch.nn.MultiheadAttention(12, 3, add_bias_kv=True))
+
+
+def test_bad_grouped_attention_inputs_are_named():
+    q, k = np.zeros((2, 4, 5, 3)), np.zeros((2, 3, 7, 3))
+    with pytest.raises(ValueError, match="q has 4 heads, not a multiple of the 3 key/value heads"):
+        grouped_attention(q, k, k)
+    with pytest.raises(ValueError, match="v has 2 heads but k has 3"):
+        grouped_attention(q, k, np.zeros((2, 2, 7, 3)))
+    with pytest.raises(ValueError, match="q must have shape .* at least 3-D"):
+        grouped_attention(np.zeros((5, 3)), k, k)
+    with pytest.raises(ValueError, match="the last axis|not divisible by n_heads=5"):
+        split_heads(np.zeros((2, 5, 12)), 5)
+    with pytest.raises(ValueError, match="at least 3-D"):
+        merge_heads(np.zeros((5, 12)))
