@@ -77,7 +77,7 @@ def test_copy_reads_like_the_book(chapter):
         md = text(cell)
         assert not ROLE.search(md), f"{cell['id']}: MyST role left: {ROLE.search(md).group(0)}"
         assert not DIRECTIVE.search(md), f"{cell['id']}: MyST directive left"
-        assert "glue" not in md, f"{cell['id']}: unresolved glue"
+        assert "{glue" not in md, f"{cell['id']}: unresolved glue"
         assert not RELATIVE_PAGE_LINK.search(md), f"{cell['id']}: relative link {RELATIVE_PAGE_LINK.search(md).group(0)}"
     banner = text(copy["cells"][0])
     assert f"{BASE}chapters/{chapter.stem}.html" in banner and "git clone" in banner
