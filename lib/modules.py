@@ -1,6 +1,6 @@
 """Attention as modules: learned projections around :func:`lib.attention.attention` (chapters 6 and 9).
 
-Two pairs of mirrored twins with the same parameter names and the same arithmetic:
+Two pairs of mirrored twins with the same parameter names and the same arithmetic::
 
     SelfAttention             NumPy, one head, forward only (no gradients, no dropout)            chapter 6
     TorchSelfAttention        its ``torch.nn.Module`` twin: trainable, dropout, any device and dtype
@@ -9,7 +9,7 @@ Two pairs of mirrored twins with the same parameter names and the same arithmeti
 
 This module imports without torch: the torch classes are built the first time they are asked for.
 
-Shape vocabulary, as in :mod:`lib.attention`, plus the sizes of the projections and the heads:
+Shape vocabulary, as in :mod:`lib.attention`, plus the sizes of the projections and the heads::
 
     ...   batch dimensions        L     query length          S     key length (self-attention: L = S)
     D     d_model, the size of each input token      E     d_k, the query and key size
