@@ -290,8 +290,8 @@ def _shape(x):
 def _prepare(q, k, v, mask, scale, *, need_v=True, keep_half=False):
     """Validate q, k, v and mask; return (ops, q, k, v, mask, scale, out_dtype, batch, L, S) ready to compute.
 
-    q, k, v come back in the compute dtype (with ``keep_half``, half precision stays half), batch dims not yet broadcast; the mask comes back boolean or in the
-    compute dtype, still at its own (broadcastable) shape.
+    q, k, v come back in the compute dtype (with ``keep_half``, half precision stays half), batch dims not yet
+    broadcast; the mask comes back boolean or in the compute dtype, still at its own (broadcastable) shape.
     """
     named = {"q": q, "k": k, "v": v if need_v else None, "mask": mask}
     for n in ("q", "k") + (("v",) if need_v else ()):

@@ -76,7 +76,7 @@ BACKWARD_TILES = (
 # Forward. One program computes BLOCK_M rows of the output for one z (one batch element and head):
 #   on chip: its q tile (BLOCK_M, E), one key tile kᵀ (E, BLOCK_N) and value tile (BLOCK_N, Ev) at a time, the
 #            scores of that pair (BLOCK_M, BLOCK_N), and per row the running max m, running sum l and output acc.
-#   reads:   q once; k and v once per query block (so L / BLOCK_M times in all).
+#   reads:   q once; k and v once per query block, ⌈L / BLOCK_M⌉ times in all (about half that when causal).
 #   writes:  its output rows (BLOCK_M, Ev) and their logsumexp (BLOCK_M,), once.
 # Everything is in base 2: s holds score · log2 e, so exp2(s - m) = exp(score - max).
 # --------------------------------------------------------------------------------------------------------------
@@ -364,7 +364,7 @@ def _head_block(n):
 
 
 def _precision(dtype):
-    """float32 is multiplied in full IEEE float32 (no TF32 rounding); half precision uses the tensor cores."""
+    """float32 is multiplied in full IEEE float32 (no TF32 rounding); for half precision Triton ignores it."""
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
@@ -393,7 +393,8 @@ def _backward(q, k, v, o, lse, do, causal, scale, tiles=None):
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     _run_backward_kv(
         lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), Z),
-        q, k, v, do, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(), L, S, scale * LOG2_E, scale, tiles=tiles, **common,
+        q, k, v, do, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(), L, S, scale * LOG2_E, scale,
+        tiles=tiles, **common,
     )
     _run_backward_q(
         lambda meta: (triton.cdiv(L, meta["BLOCK_M"]), Z),

@@ -1,9 +1,9 @@
 """How the full matrix is computed fast, apart from what it computes: NumPy on several cores, torch on a GPU.
 
-On a CPU, NumPy runs each kernel on one core, so a large NumPy problem is cut into independent pieces (chunks of rows, blocks
-of queries) that a small pool of threads works through; NumPy releases the interpreter lock inside its kernels.
-Each worker keeps BLAS to one thread of its own. On a GPU, half precision stays half precision. This is speed
-machinery, not part of the algorithm: :mod:`lib.attention` and :mod:`lib.tiles` compute the same without it.
+On a CPU, NumPy runs each kernel on one core, so a large NumPy problem is cut into independent pieces (chunks of
+rows, blocks of queries) that a small pool of threads works through; NumPy releases the interpreter lock inside its
+kernels. Each worker keeps BLAS to one thread of its own. On a GPU, half precision stays half precision. This is
+speed machinery, not part of the algorithm: :mod:`lib.attention` and :mod:`lib.tiles` compute the same without it.
 """
 
 from __future__ import annotations
