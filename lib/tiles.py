@@ -144,7 +144,7 @@ def _lazy_query_block(q1, kt1, v1, mask, causal, rows, bk, S, scratch):
 
 
 def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=DEFAULT_BLOCK):
-    """Attention computed in tiles with an online softmax, never holding the (..., L, S) matrix (chapter 7).
+    """Attention computed in tiles with an online softmax; its forward pass never holds the (..., L, S) matrix.
 
     Same arguments, mask polarity (True = may attend) and result as :func:`attention`. ``block_size`` is an
     int or a pair (query block, key block): memory beyond the inputs and output grows like the tile,
@@ -154,7 +154,10 @@ def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=
     to the running maximum at every tile, as chapter 7 derives it. The NumPy path moves it only when a tile's
     exponentials would otherwise sum past ``LAZY_LIMIT``, which lets one matrix product subtract it and saves
     three passes over every tile. On NumPy a large problem's query blocks run on a small thread pool, each
-    worker with one BLAS thread and one score buffer it reuses for every tile.
+    worker with one BLAS thread and one score buffer it reuses for every tile (chapter 7).
+
+    Under autograd the torch path keeps every tile for the backward pass, so training memory still grows like
+    L × S; :func:`lib.flash.flash_attention` recomputes the tiles instead (chapter 8).
     """
     ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale)
     _check_flag(causal, "causal")
