@@ -572,7 +572,8 @@ def to_multihead_attention(module):
     head of ``nn.MultiheadAttention`` projects to embed_dim = d_model), or a :class:`MultiHeadAttention` or
     :class:`TorchMultiHeadAttention` without grouped key/value heads. The packed ``in_proj_weight`` (3D, D) is
     [w_qᵀ; w_kᵀ; w_vᵀ], rows as outputs, head i owning rows i·d to (i+1)·d - 1 of each block; ``out_proj`` gets
-    w_oᵀ, or the identity when a one-head module has no w_o (then d_out must be d_model too). Call it as
+    w_oᵀ, or the identity when a one-head module has no w_o (then d_out must be d_model too). It keeps the
+    module's dropout probability (0 for the NumPy modules), which acts only while it trains. Call it as
     ``mha(x, x, x)``; its masks use True = may NOT attend.
     """
     import torch
@@ -599,7 +600,10 @@ def to_multihead_attention(module):
     if isinstance(module, (SelfAttention, MultiHeadAttention)):
         state = {n: torch.from_numpy(w) for n, w in state.items()}
     like = state["w_q"]
-    mha = nn.MultiheadAttention(D, n_heads, bias=False, batch_first=True, device=like.device, dtype=like.dtype)
+    dropout = getattr(module, "dropout", 0.0)  # the NumPy modules have none
+    mha = nn.MultiheadAttention(
+        D, n_heads, dropout=dropout, bias=False, batch_first=True, device=like.device, dtype=like.dtype
+    )
     w_o = state.get("w_o")
     with torch.no_grad():
         mha.in_proj_weight.copy_(torch.cat([state["w_q"].T, state["w_k"].T, state["w_v"].T]))  # (3D, D)
@@ -614,7 +618,8 @@ def from_multihead_attention(mha):
     each transposed to the (in, out) layout, and ``out_proj.weight`` becomes w_oᵀ. The result has mha's heads,
     dropout, device and dtype. These modules have no biases, so mha's must be absent or zero (a freshly built
     ``nn.MultiheadAttention`` starts them at zero); keys and values of their own size (kdim, vdim) and
-    ``add_bias_kv`` or ``add_zero_attn`` are refused. Remember the polarity: our masks are True = may attend.
+    ``add_bias_kv`` or ``add_zero_attn`` are refused. The result reads x as (..., L, D), batch first, whatever
+    ``mha.batch_first`` says. Remember the polarity: our masks are True = may attend.
     """
     import torch
 

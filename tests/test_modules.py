@@ -473,6 +473,15 @@ def test_loading_from_nn_multihead_attention_and_back():
     torch.testing.assert_close(again.out_proj.weight, mha.out_proj.weight)
 
 
+def test_conversions_keep_the_dropout_probability():
+    # A converted module must train with the dropout of the original, in either direction.
+    for mod in (TorchMultiHeadAttention(16, 4, dropout=0.25), TorchSelfAttention(8, 8, dropout=0.25)):
+        mha = to_multihead_attention(mod)
+        assert mha.dropout == 0.25
+    assert from_multihead_attention(to_multihead_attention(TorchMultiHeadAttention(16, 4, dropout=0.25))).dropout == 0.25
+    assert to_multihead_attention(MultiHeadAttention(16, 4, rng=0)).dropout == 0.0
+
+
 def test_numpy_module_converts_to_nn_multihead_attention():
     np_mod, _ = mh_twins(16, 4)
     x = tokens(2, 6, 16)
