@@ -565,6 +565,11 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__():
+    """The module's names with the torch classes, which exist once asked for (so help() and the API page list them)."""
+    return sorted(set(globals()) | set(_TORCH_CLASSES))
+
+
 def to_multihead_attention(module):
     """A ``torch.nn.MultiheadAttention`` (batch_first, no biases) computing what ``module`` computes.
 
