@@ -56,7 +56,8 @@ class Tiles:
 INTERPRETER_TILES = Tiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
 # On a GPU each kernel is timed once per problem shape with each of these and keeps the fastest (triton.autotune).
 # Larger query tiles reuse each key tile for more queries; larger key tiles mean fewer rescales; both cost on-chip
-# memory and registers, which is why large heads get the smaller tiles.
+# memory and registers. Compiled for an H100 (sm_90), every backward choice and all but one forward choice (128 × 64
+# with 4 warps at head size 128) run without spilling registers to memory at head sizes 64 and 128.
 FORWARD_TILES = (
     Tiles(block_m=128, block_n=64, num_warps=4, num_stages=3),
     Tiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
@@ -65,10 +66,11 @@ FORWARD_TILES = (
     Tiles(block_m=64, block_n=32, num_warps=4, num_stages=3),
 )
 BACKWARD_TILES = (
-    Tiles(block_m=64, block_n=64, num_warps=4, num_stages=3),
-    Tiles(block_m=64, block_n=128, num_warps=8, num_stages=3),
-    Tiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
-    Tiles(block_m=32, block_n=64, num_warps=4, num_stages=2),
+    Tiles(block_m=64, block_n=64, num_warps=8, num_stages=2),
+    Tiles(block_m=64, block_n=64, num_warps=8, num_stages=3),
+    Tiles(block_m=32, block_n=128, num_warps=8, num_stages=2),
+    Tiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
+    Tiles(block_m=32, block_n=64, num_warps=4, num_stages=3),
 )
 
 
@@ -84,20 +86,24 @@ BACKWARD_TILES = (
 
 @triton.jit
 def _forward_tiles(
-    acc, l_i, m_i, q, kt_ptrs, v_ptrs, lo, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sv_s, qk_scale,
+    acc, l_i, m_i, q, K_z, V_z, lo, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
     E: tl.constexpr, EV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """The online softmax over key tiles lo, lo + BLOCK_N, ... < hi. MASKED tiles may reach past S or into a
-    row's causal future; the others are wholly allowed, and skip the comparisons."""
+    row's causal future; the others are wholly allowed, and skip the comparisons. A tile's addresses are formed
+    where it is loaded, from the base pointers K_z, V_z and vectors of offsets: a tensor of BLOCK_E × BLOCK_N
+    pointers kept across the loop would take registers that the matrix products need."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + cols0  # (BLOCK_N,) key indices of this tile
+        kt_ptrs = K_z + cols[None, :] * sk_s + offs_e[:, None] * sk_e  # (BLOCK_E, BLOCK_N): kᵀ of this tile
+        v_ptrs = V_z + cols[:, None] * sv_s + offs_ev[None, :] * sv_e  # (BLOCK_N, BLOCK_EV)
         if MASKED:
-            kt = tl.load(kt_ptrs + start_n * sk_s, mask=(offs_e[:, None] < E) & (cols[None, :] < S), other=0.0)
-            v = tl.load(v_ptrs + start_n * sv_s, mask=(cols[:, None] < S) & (offs_ev[None, :] < EV), other=0.0)
+            kt = tl.load(kt_ptrs, mask=(offs_e[:, None] < E) & (cols[None, :] < S), other=0.0)
+            v = tl.load(v_ptrs, mask=(cols[:, None] < S) & (offs_ev[None, :] < EV), other=0.0)
         else:
-            kt = tl.load(kt_ptrs + start_n * sk_s, mask=offs_e[:, None] < E, other=0.0)  # (BLOCK_E, BLOCK_N)
-            v = tl.load(v_ptrs + start_n * sv_s, mask=offs_ev[None, :] < EV, other=0.0)  # (BLOCK_N, BLOCK_EV)
+            kt = tl.load(kt_ptrs, mask=offs_e[:, None] < E, other=0.0)  # (BLOCK_E, BLOCK_N)
+            v = tl.load(v_ptrs, mask=offs_ev[None, :] < EV, other=0.0)  # (BLOCK_N, BLOCK_EV)
         s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         if MASKED:
             allowed = cols[None, :] < S
@@ -133,8 +139,8 @@ def _flash_forward(
         mask=(rows[:, None] < L) & (offs_e[None, :] < E),
         other=0.0,
     )  # (BLOCK_M, BLOCK_E), read once and kept on chip
-    kt_ptrs = K + z * sk_z + cols0[None, :] * sk_s + offs_e[:, None] * sk_e  # (BLOCK_E, BLOCK_N): kᵀ of tile 0
-    v_ptrs = V + z * sv_z + cols0[:, None] * sv_s + offs_ev[None, :] * sv_e  # (BLOCK_N, BLOCK_EV): v of tile 0
+    K_z = K + z * sk_z  # this z's keys and values
+    V_z = V + z * sv_z
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of each row's scores (base 2)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m)
     acc = tl.zeros([BLOCK_M, BLOCK_EV], tl.float32)  # running sum of exp2(s - m) v
@@ -148,11 +154,11 @@ def _flash_forward(
         hi = S
         full = (S // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, kt_ptrs, v_ptrs, 0, full, rows, cols0, offs_e, offs_ev, S, sk_s, sv_s, qk_scale,
+        acc, l_i, m_i, q, K_z, V_z, 0, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
         E, EV, False, CAUSAL, BLOCK_N, PRECISION,
     )
     acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, kt_ptrs, v_ptrs, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sv_s, qk_scale,
+        acc, l_i, m_i, q, K_z, V_z, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
         E, EV, True, CAUSAL, BLOCK_N, PRECISION,
     )
 
@@ -180,7 +186,8 @@ def _flash_forward(
 
 @triton.jit
 def _backward_kv_tiles(
-    dk, dv, k, v, q_ptrs, do_ptrs, LSE_z, DELTA_z, lo, hi, cols, rows0, offs_e, offs_ev, L, sq_l, sdo_l, qk_scale,
+    dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, lo, hi, cols, rows0, offs_e, offs_ev, L, sq_l, sq_e, sdo_l, sdo_e,
+    qk_scale,
     E: tl.constexpr, EV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -188,8 +195,10 @@ def _backward_kv_tiles(
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + rows0  # (BLOCK_M,) query indices
         in_rows = rows < L
-        q = tl.load(q_ptrs + start_m * sq_l, mask=in_rows[:, None] & (offs_e[None, :] < E), other=0.0)
-        do = tl.load(do_ptrs + start_m * sdo_l, mask=in_rows[:, None] & (offs_ev[None, :] < EV), other=0.0)
+        q_ptrs = Q_z + rows[:, None] * sq_l + offs_e[None, :] * sq_e  # (BLOCK_M, BLOCK_E)
+        do_ptrs = DO_z + rows[:, None] * sdo_l + offs_ev[None, :] * sdo_e  # (BLOCK_M, BLOCK_EV)
+        q = tl.load(q_ptrs, mask=in_rows[:, None] & (offs_e[None, :] < E), other=0.0)
+        do = tl.load(do_ptrs, mask=in_rows[:, None] & (offs_ev[None, :] < EV), other=0.0)
         lse = tl.load(LSE_z + rows, mask=in_rows, other=0.0)  # (BLOCK_M,)
         delta = tl.load(DELTA_z + rows, mask=in_rows, other=0.0)  # (BLOCK_M,)
         st = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M), scores transposed
@@ -229,8 +238,8 @@ def _flash_backward_kv(
     )  # (BLOCK_N, BLOCK_EV)
     dk = tl.zeros([BLOCK_N, BLOCK_E], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_EV], tl.float32)
-    q_ptrs = Q + z * sq_z + rows0[:, None] * sq_l + offs_e[None, :] * sq_e  # (BLOCK_M, BLOCK_E) of query block 0
-    do_ptrs = DO + z * sdo_z + rows0[:, None] * sdo_l + offs_ev[None, :] * sdo_e  # (BLOCK_M, BLOCK_EV)
+    Q_z = Q + z * sq_z  # this z's queries and output gradients
+    DO_z = DO + z * sdo_z
     LSE_z = LSE + z * L
     DELTA_z = DELTA + z * L
 
@@ -245,12 +254,12 @@ def _flash_backward_kv(
         lo = 0
         below = 0
     dk, dv = _backward_kv_tiles(
-        dk, dv, k, v, q_ptrs, do_ptrs, LSE_z, DELTA_z, lo, below, cols, rows0, offs_e, offs_ev, L, sq_l, sdo_l,
-        qk_scale, E, EV, True, CAUSAL, BLOCK_M, PRECISION,
+        dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, lo, below, cols, rows0, offs_e, offs_ev, L, sq_l, sq_e, sdo_l,
+        sdo_e, qk_scale, E, EV, True, CAUSAL, BLOCK_M, PRECISION,
     )
     dk, dv = _backward_kv_tiles(
-        dk, dv, k, v, q_ptrs, do_ptrs, LSE_z, DELTA_z, tl.maximum(lo, below), L, cols, rows0, offs_e, offs_ev, L,
-        sq_l, sdo_l, qk_scale, E, EV, False, CAUSAL, BLOCK_M, PRECISION,
+        dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, tl.maximum(lo, below), L, cols, rows0, offs_e, offs_ev, L,
+        sq_l, sq_e, sdo_l, sdo_e, qk_scale, E, EV, False, CAUSAL, BLOCK_M, PRECISION,
     )
     out_mask_e = in_cols[:, None] & (offs_e[None, :] < E)
     tl.store(DK + z * sdk_z + cols[:, None] * sdk_s + offs_e[None, :] * sdk_e, (dk * scale).to(DK.dtype.element_ty),
@@ -261,19 +270,21 @@ def _flash_backward_kv(
 
 @triton.jit
 def _backward_q_tiles(
-    dq, q, do, lse, delta, kt_ptrs, vt_ptrs, lo, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sv_s, qk_scale,
+    dq, q, do, lse, delta, K_z, V_z, lo, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
     E: tl.constexpr, EV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     """Accumulate dQ of one query block over key tiles lo, lo + BLOCK_N, ... < hi."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + cols0
+        kt_ptrs = K_z + cols[None, :] * sk_s + offs_e[:, None] * sk_e  # (BLOCK_E, BLOCK_N)
+        vt_ptrs = V_z + cols[None, :] * sv_s + offs_ev[:, None] * sv_e  # (BLOCK_EV, BLOCK_N)
         if MASKED:
-            kt = tl.load(kt_ptrs + start_n * sk_s, mask=(offs_e[:, None] < E) & (cols[None, :] < S), other=0.0)
-            vt = tl.load(vt_ptrs + start_n * sv_s, mask=(offs_ev[:, None] < EV) & (cols[None, :] < S), other=0.0)
+            kt = tl.load(kt_ptrs, mask=(offs_e[:, None] < E) & (cols[None, :] < S), other=0.0)
+            vt = tl.load(vt_ptrs, mask=(offs_ev[:, None] < EV) & (cols[None, :] < S), other=0.0)
         else:
-            kt = tl.load(kt_ptrs + start_n * sk_s, mask=offs_e[:, None] < E, other=0.0)  # (BLOCK_E, BLOCK_N)
-            vt = tl.load(vt_ptrs + start_n * sv_s, mask=offs_ev[:, None] < EV, other=0.0)  # (BLOCK_EV, BLOCK_N)
+            kt = tl.load(kt_ptrs, mask=offs_e[:, None] < E, other=0.0)  # (BLOCK_E, BLOCK_N)
+            vt = tl.load(vt_ptrs, mask=offs_ev[:, None] < EV, other=0.0)  # (BLOCK_EV, BLOCK_N)
         s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
         p = tl.math.exp2(s - lse[:, None])  # P, recomputed
         if MASKED:
@@ -308,8 +319,8 @@ def _flash_backward_q(
                  mask=in_rows[:, None] & (offs_ev[None, :] < EV), other=0.0)  # (BLOCK_M, BLOCK_EV)
     lse = tl.load(LSE + z * L + rows, mask=in_rows, other=0.0)
     delta = tl.load(DELTA + z * L + rows, mask=in_rows, other=0.0)
-    kt_ptrs = K + z * sk_z + cols0[None, :] * sk_s + offs_e[:, None] * sk_e  # (BLOCK_E, BLOCK_N)
-    vt_ptrs = V + z * sv_z + cols0[None, :] * sv_s + offs_ev[:, None] * sv_e  # (BLOCK_EV, BLOCK_N)
+    K_z = K + z * sk_z
+    V_z = V + z * sv_z
     dq = tl.zeros([BLOCK_M, BLOCK_E], tl.float32)
     if CAUSAL:  # the same split of key tiles as the forward pass
         hi = tl.minimum(S, start_m + BLOCK_M)
@@ -318,11 +329,12 @@ def _flash_backward_q(
         hi = S
         full = (S // BLOCK_N) * BLOCK_N
     dq = _backward_q_tiles(
-        dq, q, do, lse, delta, kt_ptrs, vt_ptrs, 0, full, rows, cols0, offs_e, offs_ev, S, sk_s, sv_s, qk_scale,
+        dq, q, do, lse, delta, K_z, V_z, 0, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
         E, EV, False, CAUSAL, BLOCK_N, PRECISION,
     )
     dq = _backward_q_tiles(
-        dq, q, do, lse, delta, kt_ptrs, vt_ptrs, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sv_s, qk_scale,
+        dq, q, do, lse, delta, K_z, V_z, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e,
+        qk_scale,
         E, EV, True, CAUSAL, BLOCK_N, PRECISION,
     )
     tl.store(DQ + z * sdq_z + rows[:, None] * sdq_l + offs_e[None, :] * sdq_e, (dq * scale).to(DQ.dtype.element_ty),
