@@ -88,13 +88,13 @@ def _shapes(d_model, d_k, d_v, d_out):
     return shapes
 
 
-def _check_input(x, d_model):
+def _check_input(x, d_model, name="x", length="L"):
     if x.ndim < 2:
-        raise ValueError(f"x must have shape (..., L, d_model), at least 2-D; got shape {tuple(x.shape)}")
+        raise ValueError(f"{name} must have shape (..., {length}, d_model), at least 2-D; got shape {tuple(x.shape)}")
     if x.shape[-1] != d_model:
         raise ValueError(
-            f"x has d_model={x.shape[-1]} (its last dimension) but the module was built for d_model={d_model} "
-            f"(x shape {tuple(x.shape)})"
+            f"{name} has d_model={x.shape[-1]} (its last dimension) but the module was built for d_model={d_model} "
+            f"({name} shape {tuple(x.shape)})"
         )
 
 
@@ -134,13 +134,7 @@ def _head_sizes(module):
 
 def _check_context(context, x, d_model):
     """Keys and values come from ``context`` (cross-attention): it needs x's batch dimensions and d_model."""
-    if context.ndim < 2:
-        raise ValueError(f"context must have shape (..., S, d_model), at least 2-D; got shape {tuple(context.shape)}")
-    if context.shape[-1] != d_model:
-        raise ValueError(
-            f"context has d_model={context.shape[-1]} (its last dimension) but the module was built for "
-            f"d_model={d_model} (context shape {tuple(context.shape)})"
-        )
+    _check_input(context, d_model, "context", "S")
     if tuple(context.shape[:-2]) != tuple(x.shape[:-2]):
         raise ValueError(
             f"context has batch dimensions {tuple(context.shape[:-2])} but x has {tuple(x.shape[:-2])}: "
