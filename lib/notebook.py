@@ -1,12 +1,18 @@
-"""Small helpers the chapter notebooks share: numbers for the prose, and one look for every figure.
+"""Small helpers the chapter notebooks share: numbers for the prose, folded checks, and one look for every figure.
 
 Nothing here computes attention; that is :mod:`lib.attention`. These helpers work with or without the book's
 tooling, so a chapter runs the same in the built book, in local Jupyter and on Colab (which has no myst-nb).
+
+The reading convention (README, "Chapter conventions"): a cell the reader must read holds the lines of the idea and
+prints their result; the checks that prove the prose sit in the next cell, tagged ``check``, inside
+``with checks(...) as check:``, which prints one line such as "✓ 4 checks against PyTorch". ``ROLES`` maps each
+role tag to the fold the book shows and the prompts on it; ``tools/refresh_notebooks.py`` writes them into the cells.
 """
 
 from __future__ import annotations
 
 import numbers
+from contextlib import contextmanager
 
 try:  # the book build and the tests have myst-nb; Colab does not
     from myst_nb import glue as _myst_glue
@@ -35,6 +41,64 @@ def glue(name, value, digits=None):
     if _myst_glue is not None:
         _myst_glue(name, value, display=False)
     return value
+
+
+# role tag -> (the book's fold tag, prompt to open the fold, prompt to close it)
+ROLES = {
+    "check": ("hide-input", "Show the checks", "Hide the checks"),
+    "plot": ("hide-input", "Show the plotting code", "Hide the plotting code"),
+    "solution": ("hide-cell", "Show solution", "Hide solution"),
+    "deeper": ("hide-cell", "Going deeper: show the code", "Hide the code"),
+}
+
+
+class Checks:
+    """Counts the checks of one folded check cell; each one raises ``AssertionError`` at once if it fails."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, condition, message="check failed"):
+        """Check that ``condition`` holds (a bool, or a NumPy/torch boolean scalar)."""
+        self.count += 1
+        if not bool(condition):
+            raise AssertionError(message)
+
+    def close(self, actual, expected, **tolerances):
+        """Check two arrays or tensors agree, with ``np.testing.assert_allclose``'s or ``torch.testing``'s tolerances."""
+        self.count += 1
+        if type(actual).__module__.startswith("torch") or type(expected).__module__.startswith("torch"):
+            import torch
+
+            torch.testing.assert_close(actual, expected, **tolerances)
+        else:
+            import numpy as np
+
+            np.testing.assert_allclose(actual, expected, **tolerances)
+
+    def equal(self, actual, expected):
+        """Check ``actual == expected`` exactly (shapes, counts, exact numbers), showing both if not."""
+        self.count += 1
+        if not actual == expected:
+            raise AssertionError(f"{actual!r} != {expected!r}")
+
+
+@contextmanager
+def checks(what=""):
+    """Run a cell's checks and print one line that says how many passed: ``✓ 4 checks against PyTorch``.
+
+    >>> with checks("on the shapes") as check:
+    ...     check.equal((2, 3), (2, 3))
+    ✓ 1 check on the shapes
+
+    A check cell that checks nothing is a mistake, so it raises.
+    """
+    counter = Checks()
+    yield counter
+    if counter.count == 0:
+        raise AssertionError("a check cell ran no check")
+    noun = "check" if counter.count == 1 else "checks"
+    print(f"✓ {counter.count} {noun} {what}".rstrip())
 
 
 def use_book_style():

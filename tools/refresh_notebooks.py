@@ -4,7 +4,8 @@ Usage: python tools/refresh_notebooks.py [chapters/NN_slug.ipynb ...]   (no argu
 
 Each notebook runs in one fresh kernel with chapters/ as the working directory, as the book build and nbval run
 it. Afterwards only stable metadata is kept (kernel, language name, the Colab settings), so that a refresh with no
-change to the code leaves git with nothing to show.
+change to the code leaves git with nothing to show, and each cell's role tag (``check``, ``plot``, ``solution``,
+``deeper``: ``lib.notebook.ROLES``) is written out as the fold the book shows and the prompts on it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import nbformat
 from nbclient import NotebookClient
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from lib.notebook import ROLES  # noqa: E402
 KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info", "colab", "accelerator")
 KEEP_CELL_METADATA = ("tags", "mystnb")
 
@@ -28,11 +31,28 @@ def normalise(nb):
     for index, cell in enumerate(nb.cells):
         cell.id = f"cell-{index:03d}"  # stable ids: a regenerated notebook diffs only where its content changed
         cell.metadata = {key: cell.metadata[key] for key in KEEP_CELL_METADATA if key in cell.metadata}
+        apply_role(cell)
         if cell.cell_type == "code":
             cell.outputs = merge_streams(cell.get("outputs", []))
             for output in cell.outputs:
                 output.get("metadata", {}).pop("execution", None)
     return nb
+
+
+def apply_role(cell):
+    """Give a cell tagged with a role (lib.notebook.ROLES) its fold tag and the prompts the book shows on the fold."""
+    tags = cell.metadata.get("tags", [])
+    roles = [tag for tag in tags if tag in ROLES]
+    if len(roles) > 1:
+        raise ValueError(f"cell {cell.id} has two roles: {roles}")
+    if not roles:
+        return
+    fold, show, hide = ROLES[roles[0]]
+    others = [tag for tag in tags if not tag.startswith("hide-")]
+    cell.metadata["tags"] = [*others, fold]
+    prompts = cell.metadata.setdefault("mystnb", {})
+    prompts["code_prompt_show"] = show
+    prompts["code_prompt_hide"] = hide
 
 
 def merge_streams(outputs):
