@@ -1,0 +1,53 @@
+"""What attention costs on a named machine: operations, bytes moved, and the time each one's rate allows.
+
+A small cost model shared by chapters 7 to 10. Nothing here times anything: these are counts and datasheet rates,
+so every figure they give is a prediction, and the chapters say so where they print one. Shapes follow
+:mod:`lib.attention`: ``L`` queries, ``S`` keys, ``E`` the query/key size, ``Ev`` the value size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPU:
+    """A GPU's datasheet rates (dense, no sparsity) and the few on-chip facts the chapters reason with."""
+
+    name: str
+    tensor_flops: float  # bf16/fp16 dense matrix products on the tensor cores, FLOP/s
+    fp32_flops: float  # float32 fused multiply-adds on the ordinary cores, FLOP/s (an FMA counts 2)
+    hbm_bytes_per_s: float  # memory bandwidth between HBM and the chip, bytes/s
+    hbm_bytes: float  # memory capacity, bytes
+    sms: int  # streaming multiprocessors
+    clock_hz: float  # boost clock the rates above assume
+    exp_per_clock_per_sm: int  # exponentials (ex2 on the special-function units) per clock per SM
+    smem_per_block: int  # shared memory one thread block may use, bytes
+
+    @property
+    def ridge(self) -> float:
+        """Arithmetic intensity (FLOP per byte of HBM traffic) above which the tensor cores, not memory, set the pace."""
+        return self.tensor_flops / self.hbm_bytes_per_s
+
+    @property
+    def exp_per_s(self) -> float:
+        """Exponentials per second over the whole chip."""
+        return self.exp_per_clock_per_sm * self.sms * self.clock_hz
+
+
+# NVIDIA's datasheets for the SXM parts (H100, H200, A100) and the PCIe T4 (free Colab's GPU). The exponential rate
+# is the special-function units' 16 results per clock per SM of compute capability 8.x and 9.0 (CUDA C++
+# Programming Guide, arithmetic instruction throughput).
+GPUS = {
+    "H100": GPU("NVIDIA H100 SXM5 80GB", 989.4e12, 66.9e12, 3.35e12, 80e9, 132, 1.98e9, 16, 227 * 1024),
+    "H200": GPU("NVIDIA H200 SXM 141GB", 989.4e12, 66.9e12, 4.8e12, 141e9, 132, 1.98e9, 16, 227 * 1024),
+    "A100": GPU("NVIDIA A100 SXM4 80GB", 312e12, 19.5e12, 2.039e12, 80e9, 108, 1.41e9, 16, 163 * 1024),
+    "T4": GPU("NVIDIA T4", 65e12, 8.1e12, 320e9, 16e9, 40, 1.59e9, 16, 64 * 1024),
+}
+
+
+def gpu(name: str) -> GPU:
+    """The GPU called ``name`` (one of ``GPUS``), with a clear error for any other name."""
+    if name not in GPUS:
+        raise ValueError(f"no rates for GPU {name!r}; known: {', '.join(GPUS)}")
+    return GPUS[name]
