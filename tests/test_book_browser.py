@@ -1,12 +1,16 @@
 """The built book as a reader's browser shows it: every page built, every formula rendered offline by MathJax,
-every internal link and asset present, every figure described, every chapter one click from Colab.
+every internal link and asset present, every figure described, every chapter one click from Colab; on a 400 px
+phone the menu and the contents open; at 1,400 px no code cell or output scrolls sideways; no page shows raw TeX.
 
 Needs `make book` (or `make test-book`) first, and Debian's chromium-headless-shell; `make test-browser` runs it
-and says so when either is missing. The pages are opened from file:// URLs with networking disabled, so a formula
-that renders here renders offline.
+and says so when either is missing. The layout tests drive that Chromium with Playwright (no browser download:
+`executable_path` points at Debian's binary). The pages are opened from file:// URLs with networking disabled, so
+a formula that renders here renders offline.
 """
 
+import functools
 import pathlib
+import re
 import shutil
 import subprocess
 import urllib.parse
@@ -21,6 +25,10 @@ CHROMIUM = next(
     (shutil.which(name) for name in ("chromium-headless-shell", "chromium", "chromium-browser") if shutil.which(name)),
     None,
 )
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # the file:// checks above still run; the layout tests below skip
+    sync_playwright = None
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (apt-get install chromium-headless-shell)"),
@@ -107,6 +115,12 @@ def internal_targets(page):
             yield url, target, fragment
 
 
+@functools.cache
+def ids_in(path):
+    """Every element id of a built page (parsed once: the chapters link to each other hundreds of times)."""
+    return frozenset(el.get("id") for el in BeautifulSoup(path.read_text(), "html.parser").find_all(id=True))
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_every_internal_link_and_asset_resolves(page):
     count = 0
@@ -116,8 +130,7 @@ def test_every_internal_link_and_asset_resolves(page):
             target = target / "index.html"
         assert target.is_file(), f"{url} points to a missing file"
         if fragment and target.suffix == ".html":
-            ids = {el.get("id") for el in BeautifulSoup(target.read_text(), "html.parser").find_all(id=True)}
-            assert fragment in ids, f"{url}: no element with id {fragment!r}"
+            assert fragment in ids_in(target), f"{url}: no element with id {fragment!r}"
     assert count > 10
 
 
@@ -139,6 +152,149 @@ def test_chapter_has_its_colab_link(page):
     expected = f"https://colab.research.google.com/github/{repo}/blob/{branch}/{notebook}"
     links = [a.get("href") for a in source_soup(page).find_all("a")]
     assert expected in links, f"no Colab link {expected}"
+
+
+# ------------------------------------------------------------------------------------ the layout, in Playwright
+
+DESKTOP = {"width": 1400, "height": 900}
+PHONE = {"width": 400, "height": 800}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if sync_playwright is None:
+        pytest.skip("Playwright is not installed (it is in requirements.txt: make installs it)")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+def open_page(browser, page, viewport, phone=False):
+    """A new tab showing the page with its scripts run and its formulas typeset, offline; page errors collected."""
+    context = browser.new_context(viewport=viewport, is_mobile=phone, has_touch=phone)
+    context.route(re.compile(r"^https?://"), lambda route: route.abort())
+    tab = context.new_page()
+    tab.errors = []
+    tab.on("pageerror", lambda error: tab.errors.append(str(error)))
+    tab.goto(html_path(page).as_uri(), wait_until="load")
+    if tab.evaluate("() => !!document.querySelector('script[src*=\"mathjax\"]')"):
+        tab.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
+        tab.evaluate("() => MathJax.startup.promise.then(() => true)")
+    return tab
+
+
+ON_SCREEN = """(selector) => [...document.querySelectorAll(selector)].filter((el) => {
+  const box = el.getBoundingClientRect(), style = getComputedStyle(el);
+  return box.width > 0 && box.height > 0 && style.visibility === "visible" && Number(style.opacity) > 0
+    && box.right > 0 && box.left < innerWidth && box.bottom > 0 && box.top < innerHeight;
+}).length"""
+
+
+def on_screen(tab, selector):
+    """How many elements matching selector a reader can see: laid out, not hidden, inside the viewport."""
+    return tab.evaluate(ON_SCREEN, selector)
+
+
+def tap_visible(tab, selector):
+    buttons = tab.locator(selector)
+    shown = [i for i in range(buttons.count()) if buttons.nth(i).is_visible()]
+    assert shown, f"no visible {selector} button at {tab.viewport_size['width']} px"
+    buttons.nth(shown[0]).tap()
+    tab.wait_for_timeout(500)
+
+
+PHONE_PAGES = [PAGES[0], CHAPTERS[0]]
+
+
+@pytest.mark.parametrize("page", PHONE_PAGES)
+def test_phone_menu_opens_the_chapter_list(browser, page):
+    tab = open_page(browser, page, PHONE, phone=True)
+    assert on_screen(tab, "nav.bd-links a.reference") == 0, "the chapter list shows before the tap"
+    tap_visible(tab, ".primary-toggle")
+    shown = on_screen(tab, "nav.bd-links a.reference")
+    assert shown >= len(CHAPTERS), f"after tapping the menu at 400 px, {shown} chapter links are visible"
+    tab.context.close()
+
+
+def test_phone_contents_button_opens_the_sections(browser):
+    tab = open_page(browser, CHAPTERS[0], PHONE, phone=True)
+    assert on_screen(tab, "nav.page-toc a") == 0, "the contents show before the tap"
+    tap_visible(tab, ".secondary-toggle")
+    shown = on_screen(tab, "nav.page-toc a")
+    assert shown >= 3, f"after tapping the contents button at 400 px, {shown} section links are visible"
+    tab.context.close()
+
+
+# Every fold opened (checks, solutions, asides), then each code block and output measured in the real layout.
+SIDEWAYS = """() => {
+  document.querySelectorAll("details").forEach((d) => { d.open = true; });
+  document.querySelectorAll(".toggle-hidden").forEach((e) => e.classList.remove("toggle-hidden"));
+  const article = document.querySelector("article") || document.body;
+  const wide = (el) => el.scrollWidth > el.clientWidth + 1;
+  const first = (el) => (el.innerText || "").trim().split("\\n")[0].slice(0, 60);
+  const code = [], outputs = [];
+  article.querySelectorAll("pre").forEach((pre) => {
+    if (wide(pre)) (pre.closest(".cell_output") ? outputs : code).push(first(pre));
+  });
+  article.querySelectorAll(".cell_output > .output").forEach((out) => {
+    if (wide(out) && !out.querySelector("pre")) outputs.push(first(out) || "(an output)");
+  });
+  const formulas = [...article.querySelectorAll("div.math, mjx-container[display='true']")].filter(wide).length;
+  return {code, outputs, formulas};
+}"""
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_nothing_scrolls_sideways_at_desktop_width(browser, page):
+    found = desktop(browser, page)["sideways"]
+    problems = []
+    if found["code"]:
+        problems.append(f"{len(found['code'])} code blocks scroll sideways, first {found['code'][:3]}")
+    if found["outputs"]:
+        problems.append(f"{len(found['outputs'])} outputs scroll sideways, first {found['outputs'][:3]}")
+    if found["formulas"]:
+        problems.append(f"{found['formulas']} display formulas are wider than the column (break them with aligned)")
+    assert not problems, f"at {DESKTOP['width']} px: " + "; ".join(problems)
+
+
+# What a reader reads as prose: the article without code, outputs and typeset formulas.
+PROSE = """() => {
+  const article = (document.querySelector("article") || document.body).cloneNode(true);
+  article.querySelectorAll("mjx-container, pre, code, .cell_input, .cell_output, script, style")
+    .forEach((el) => el.remove());
+  return article.textContent;
+}"""
+RAW_TEX = re.compile(r"\$|\\[A-Za-z]{2,}|[_^]\{")
+
+
+MATHJAX_ERRORS = """() => [...document.querySelectorAll("article mjx-merror")]
+  .map((e) => e.getAttribute("data-mjx-error") || e.textContent)"""
+_DESKTOP = {}
+
+
+def desktop(browser, page):
+    """One load of the page at 1,400 px: its MathJax errors, its prose, its script errors, what scrolls sideways."""
+    if page not in _DESKTOP:
+        tab = open_page(browser, page, DESKTOP)
+        _DESKTOP[page] = {
+            "mathjax_errors": tab.evaluate(MATHJAX_ERRORS),
+            "prose": tab.evaluate(PROSE),
+            "sideways": tab.evaluate(SIDEWAYS),  # opens the folds, so it comes last
+            "page_errors": [e for e in tab.errors if "THEBE_JS_URL" not in e],  # sphinx-thebe declares it twice
+        }
+        tab.context.close()
+    return _DESKTOP[page]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_raw_tex_and_no_mathjax_error(browser, page):
+    report = desktop(browser, page)
+    errors, prose, page_errors = report["mathjax_errors"], report["prose"], report["page_errors"]
+    assert not errors, f"MathJax errors: {errors[:5]}"
+    raw = [prose[max(0, m.start() - 40) : m.end() + 40].replace("\n", " ") for m in RAW_TEX.finditer(prose)]
+    assert not raw, f"{len(raw)} pieces of raw TeX in the text, for example {raw[:3]}"
+    assert not page_errors, f"script errors on the page: {page_errors[:3]}"
 
 
 def summary():
