@@ -154,6 +154,14 @@ def test_chapter_has_its_colab_link(page):
     assert expected in links, f"no Colab link {expected}"
 
 
+@pytest.mark.parametrize("page", CHAPTERS)
+def test_every_fold_says_what_it_holds(page):
+    """A fold's prompt names its content ("Show solution", "Show the checks"), from the cell's role tag."""
+    prompts = [p.get_text(strip=True) for p in source_soup(page).select("article details summary p.collapsed")]
+    generic = [p for p in prompts if p.startswith("Show code cell")]
+    assert not generic, f"{len(generic)} of {len(prompts)} folds say {generic[0]!r} (tag the cell with its role)"
+
+
 # ------------------------------------------------------------------------------------ the layout, in Playwright
 
 DESKTOP = {"width": 1400, "height": 900}

@@ -1,6 +1,9 @@
-"""Checks of the chapter notebooks as files: the shared setup cell, its Colab branch, figures' alt text, the TOC.
+"""Checks of the chapter notebooks as files: the shared setup cell, its Colab branch, figures' alt text, the TOC,
+and the reading convention (README, "Chapter conventions: what a reader sees") that every chapter follows.
 
 Strict nbval (make test-notebooks) proves each notebook's outputs; these prove what readers rely on around them.
+The debugging field guide (guide/) is not a chapter, but it is read the same way: it shares the setup cell and the
+reading convention, not the chapter anatomy (no exercises).
 """
 
 import json
@@ -14,8 +17,12 @@ import sys
 import pytest
 import yaml
 
+from lib.notebook import ROLES
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+GUIDES = sorted((ROOT / "guide").glob("*.ipynb"))
+READ = CHAPTERS + GUIDES  # every notebook the book shows
 SETUP = (ROOT / "tools" / "setup_cell.py").read_text()
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 
@@ -46,7 +53,7 @@ def test_setup_cell_names_the_repository_of_the_config():
     assert f'BRANCH = "{CONFIG["repository"]["branch"]}"' in SETUP
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", READ, ids=lambda p: p.stem)
 def test_chapter_starts_with_the_shared_hidden_setup_cell(path):
     first = code_cells(path)[0]
     assert source(first).strip() == SETUP.strip(), "the setup cell differs from tools/setup_cell.py"
@@ -54,13 +61,13 @@ def test_chapter_starts_with_the_shared_hidden_setup_cell(path):
     assert "pip install" not in SETUP  # installing over Colab's torch or NumPy breaks its runtime
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", READ, ids=lambda p: p.stem)
 def test_chapter_runs_without_the_book_tooling(path):
     text = "\n".join(source(c) for c in code_cells(path))
     assert not re.search(r"^\s*(from|import)\s+myst_nb", text, re.MULTILINE), "Colab has no myst-nb: use lib.notebook.glue"
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", READ, ids=lambda p: p.stem)
 def test_every_figure_has_alt_text(path):
     for i, cell in enumerate(code_cells(path)):
         has_image = any("image/png" in out.get("data", {}) for out in cell.get("outputs", []))
@@ -76,8 +83,128 @@ def test_chapter_anatomy(path):
     assert "You will learn" in markdown[0]
     headings = [line for text in markdown for line in text.splitlines() if line.startswith("## ")]
     assert any("Summary" in h for h in headings) and any("Exercises" in h for h in headings)
-    hidden = [c for c in code_cells(path) if "hide-cell" in c["metadata"].get("tags", [])]
-    assert 2 <= len(hidden) <= 6, "2 to 4 exercises, each with its solution in a hide-cell"
+    exercises = exercise_cells(path)
+    code_solutions = [c for c in exercises if c["cell_type"] == "code" and "solution" in tags(c)]
+    written = [c for c in exercises if c["cell_type"] == "markdown" and SOLUTION_DROPDOWN.search(source(c))]
+    assert 2 <= len(code_solutions) + len(written) <= 12, (
+        "2 to 6 exercises, each with its solution: a code cell tagged solution or a Solution dropdown"
+    )
+    for cell in exercises:
+        if cell["cell_type"] == "code" and FOLDS & set(tags(cell)):
+            assert "solution" in tags(cell), f"a folded cell among the exercises is not tagged solution: {first(cell)}"
+        if cell["cell_type"] == "code" and "solution" in tags(cell):
+            answers = [ln for ln in source(cell).splitlines() if re.match(r"^\s*#\s*answer\b", ln, re.IGNORECASE)]
+            assert not answers, f"a written answer as a code comment (write it in a Solution dropdown): {answers[0]}"
+
+
+# ------------------------------------------------------------------------------------------ the reading convention
+
+FOLDS = {"hide-input", "hide-cell", "hide-output"}
+HIDDEN = ("hide-input", "hide-cell", "remove-input", "remove-cell")  # the reader does not see the code at first
+NEVER_SHOWN = ("remove-input", "remove-cell")
+WIDTH = 88  # chapters/ruff.toml: what fits the book's column at 1,400 px
+PLUMBING = re.compile(r"^\s*(assert\b|np\.testing\.|torch\.testing\.|(\w+\s*=\s*)?glue\()")
+SOLUTION_DROPDOWN = re.compile(r"^:{3,}\s*\{admonition\}\s*Solution.*\n(?:\s*:[\w-]+:.*\n)*?\s*:class:.*\bdropdown\b",
+                               re.MULTILINE)
+
+
+def tags(cell):
+    return cell.get("metadata", {}).get("tags", [])
+
+
+def first(cell):
+    return next((ln for ln in source(cell).splitlines() if ln.strip()), "")[:60]
+
+
+def exercise_cells(path):
+    """The cells after the chapter's "## Exercises" heading, up to the next "## " heading."""
+    inside, found = False, []
+    for cell in cells(path):
+        if cell["cell_type"] == "markdown":
+            for line in source(cell).splitlines():
+                if line.startswith("## "):
+                    inside = "exercise" in line.lower()
+        if inside:
+            found.append(cell)
+    return found
+
+
+def visible_code(path):
+    """The code cells whose code a reader sees without opening a fold."""
+    return [c for c in code_cells(path) if not any(tag in tags(c) for tag in HIDDEN)]
+
+
+def code_lines(cell):
+    return [ln for ln in source(cell).splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("path", READ, ids=lambda p: p.stem)
+def test_no_glue_in_a_cell_the_reader_must_read(path):
+    for cell in visible_code(path):
+        assert "glue(" not in source(cell), f"glue in a visible cell (move it to a check cell): {first(cell)}"
+
+
+@pytest.mark.parametrize("path", READ, ids=lambda p: p.stem)
+def test_checks_are_at_most_five_percent_of_the_visible_code(path):
+    lines = [ln for cell in visible_code(path) for ln in code_lines(cell)]
+    plumbing = [ln for ln in lines if PLUMBING.match(ln)]
+    assert len(plumbing) <= 0.05 * len(lines), (
+        f"{len(plumbing)} of {len(lines)} visible code lines are asserts, testing calls or glue "
+        f"(at most 5%; fold them into a check cell): {plumbing[:3]}"
+    )
+
+
+@pytest.mark.parametrize("path", READ, ids=lambda p: p.stem)
+def test_code_fits_the_column(path):
+    for cell in code_cells(path):
+        if any(tag in tags(cell) for tag in NEVER_SHOWN):
+            continue
+        wide = [ln for ln in source(cell).splitlines() if len(ln) > WIDTH]
+        assert not wide, f"{len(wide)} lines over {WIDTH} columns scroll sideways in the book, first: {wide[0][:100]}"
+
+
+@pytest.mark.parametrize("path", READ, ids=lambda p: p.stem)
+def test_outputs_print_whole(path):
+    for cell in code_cells(path):
+        outputs = cell.get("outputs", [])
+        stdout = [o for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout"]
+        assert len(stdout) <= 1, f"the printed output is split into {len(stdout)} boxes: {first(cell)}"
+        lines = code_lines(cell)
+        stray = lines and re.match(r"^\s*glue\(", lines[-1])
+        results = [o for o in outputs if o.get("output_type") == "execute_result"]
+        assert not (stray and results), f"a glue(...) on the last line prints its value: {first(cell)}"
+
+
+@pytest.mark.parametrize("path", READ, ids=lambda p: p.stem)
+def test_every_figure_is_numbered_and_captioned(path):
+    for cell in code_cells(path):
+        images = [o for o in cell.get("outputs", []) if {"image/png", "image/svg+xml"} & set(o.get("data", {}))]
+        if not images or any(tag in tags(cell) for tag in ("remove-output", "remove-cell")):
+            continue
+        meta = cell["metadata"].get("mystnb", {})
+        figure = meta.get("figure", {})
+        assert str(figure.get("name", "")).startswith("fig-"), f"a figure without mystnb.figure.name fig-...: {first(cell)}"
+        assert len(str(figure.get("caption", "")).strip()) > 10, f"figure {figure['name']} has no caption"
+        assert len(meta.get("image", {}).get("alt", "").strip()) > 20, f"figure {figure['name']} has no alt text"
+
+
+@pytest.mark.parametrize("path", READ, ids=lambda p: p.stem)
+def test_every_fold_has_its_role_and_prompts(path):
+    """tools/refresh_notebooks.py writes a role's fold and prompts; a fold without a role says "Show code cell"."""
+    for cell in code_cells(path):
+        roles = [tag for tag in tags(cell) if tag in ROLES]
+        assert len(roles) <= 1, f"a cell with two roles {roles}: {first(cell)}"
+        meta = cell["metadata"].get("mystnb", {})
+        if not roles:
+            assert not FOLDS & set(tags(cell)) or meta.get("code_prompt_show"), (
+                f"a fold that would say 'Show code cell' (tag it check, plot, solution or deeper): {first(cell)}"
+            )
+            continue
+        fold, show, hide = ROLES[roles[0]]
+        assert fold in tags(cell), f"{roles[0]} cell without its {fold} (refresh the notebook): {first(cell)}"
+        assert (meta.get("code_prompt_show"), meta.get("code_prompt_hide")) == (show, hide), (
+            f"{roles[0]} cell without its prompts (refresh the notebook): {first(cell)}"
+        )
 
 
 def git(*args, cwd):
