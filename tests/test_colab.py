@@ -214,16 +214,31 @@ def test_glue_roles_take_the_stored_values(book):
 def test_bibtex_names_accents_and_braces():
     entries = mc.parse_bibtex(BIB)
     assert set(entries) == {"one2020", "two2021", "many2022", "others2023"}
-    assert mc.latex_to_text(entries["one2020"]["title"]) == "FlashAttention: Fast and IO-Aware"
-    assert mc.latex_to_text(entries["two2021"]["title"]) == "Self-attention Does Not Need $O(n^2)$ Memory"
+    assert mc.latex_to_text(entries["one2020"].fields["title"]) == "FlashAttention: Fast and IO-Aware"
+    assert mc.latex_to_text(entries["two2021"].fields["title"]) == "Self-attention Does Not Need $O(n^2)$ Memory"
     assert mc.latex_to_text(r"{\L}ukasz R{\'e} Fran{\c{c}}ois Lebr{\'o}n G\"{o}del \'Ecole {\ss} na\"ive") == (
         "Łukasz Ré François Lebrón Gödel École ß naïve"
     )
-    assert mc.format_authors(entries["one2020"]["author"]) == "Kaiser"
-    assert mc.format_authors(entries["two2021"]["author"]) == "Rabe and Ré"
-    assert mc.format_authors(entries["many2022"]["author"]) == "Fleuret et al."
-    assert mc.format_authors(entries["others2023"]["author"]) == "Olsson et al."
+    assert mc.latex_to_text("A -- B --- C \\& D") == "A – B — C & D"
+    authors = {key: entry.persons["author"] for key, entry in entries.items()}
+    assert mc.format_authors(authors["one2020"]) == "Kaiser"
+    assert mc.format_authors(authors["two2021"]) == "Rabe and Ré"
+    assert mc.format_authors(authors["many2022"]) == "Fleuret et al."
+    assert mc.format_authors(authors["others2023"]) == "Olsson et al."
     assert mc.last_name("Michiel de Jong") == "de Jong" and mc.last_name("de Jong, Michiel") == "de Jong"
+
+
+def test_bibtex_is_read_by_pybtex_and_a_broken_file_is_an_error():
+    entries = mc.parse_bibtex(BIB)
+    assert type(entries["one2020"]).__module__.startswith("pybtex")
+    with pytest.raises(mc.ConversionError, match="references.bib"):
+        mc.parse_bibtex("@article{broken, title = {no end}")
+
+
+def test_the_course_bibliography_reads_without_raw_tex():
+    book = mc.Book(ROOT)
+    titles = [mc.reference(book, "bibliography", key)[2] for key in book.bib]
+    assert titles and not [t for t in titles if "$" in t or "\\" in t or "{" in t]
 
 
 def test_citations_become_readable_references(book):
@@ -309,3 +324,146 @@ def test_notebook_conversion_folds_solutions_and_drops_book_plumbing(book):
         assert cells[cell_id]["source"][0] == f"# @title Solution to exercise {number} (double-click to show)\n"
     assert all(c.get("outputs", []) == [] and c.get("execution_count") is None for c in nb["cells"] if c["cell_type"] == "code")
     assert mc.is_glue_only("glue('a', 1)\nglue('b', 2)") and not mc.is_glue_only("a = glue('a', 1)")
+
+
+# ------------------------------------------------------------------------------ the reading convention, in Colab
+
+
+def figure_cell(cell_id, name, caption, tags=()):
+    cell = code(cell_id, "draw()", tags=tags, outputs=[{"output_type": "display_data", "metadata": {},
+                                                        "data": {"image/png": "iVBOR", "text/plain": "<Figure>"}}])
+    cell["metadata"]["mystnb"] = {"figure": {"name": name, "caption": caption}, "image": {"alt": "x" * 30}}
+    return cell
+
+
+def role(cell_id, text, tag):
+    """A code cell as tools/refresh_notebooks.py leaves it: role tag, fold tag, prompts."""
+    import lib.notebook
+
+    fold, show, hide = lib.notebook.ROLES[tag]
+    cell = code(cell_id, text, tags=[tag, fold])
+    cell["metadata"]["mystnb"] = {"code_prompt_show": show, "code_prompt_hide": hide}
+    return cell
+
+
+@pytest.fixture()
+def convention_book(tmp_path):
+    """Two numbered chapters and a guide page outside the numbering, in the reading convention."""
+    (tmp_path / "_config.yml").write_text(yaml.safe_dump({
+        "title": "Tiny",
+        "repository": {"url": "https://github.com/org/repo", "branch": "main", "path_to_book": "colab"},
+        "html": {"baseurl": "https://org.github.io/repo/"},
+        "sphinx": {"config": {"numfig": True, "numfig_format": {"figure": "Figure %s"}}},
+    }))
+    (tmp_path / "_toc.yml").write_text(yaml.safe_dump({
+        "format": "jb-book", "root": "intro",
+        "parts": [{"caption": "Chapters", "numbered": True,
+                   "chapters": [{"file": "chapters/01_one"}, {"file": "chapters/02_two"}]},
+                  {"caption": "Reference", "chapters": [{"file": "guide/bugs"}]}],
+    }))
+    (tmp_path / "intro.md").write_text("# Intro\n")
+    chapters, guide = tmp_path / "chapters", tmp_path / "guide"
+    chapters.mkdir()
+    guide.mkdir()
+    (chapters / "plot.png").write_bytes(b"")
+    one = notebook([
+        md("cell-000", "# One\n\nText."),
+        code("cell-001", "import sys", tags=["remove-cell"]),
+        md("cell-002", "As {numref}`fig-two-b` shows, and {numref}`fig-one-a`, and {numref}`Plot %s <fig-one-b>`."),
+        figure_cell("cell-003", "fig-one-a", "The first, with $x^2$."),
+        md("cell-004", "```{figure} plot.png\n:name: fig-one-md\n:alt: a picture drawn in Markdown\n\nDrawn by hand.\n```"),
+        figure_cell("cell-005", "fig-one-b", "The third.", tags=["plot", "hide-input"]),
+        role("cell-006", "with checks() as check:\n    check(True)", "check"),
+        md("cell-007", ":::{admonition} Going deeper: the `fast` path\n:class: dropdown\n\nWhy it differs.\n:::"),
+        role("cell-008", "study()", "deeper"),
+        {**role("cell-012", "raise ValueError", "deeper"), "metadata": {
+            "tags": ["deeper", "hide-cell", "raises-exception"]}},
+        md("cell-009", "## Exercises\n\n**1.** Try it."),
+        role("cell-010", "answer = 42", "solution"),
+        md("cell-011", ":::{admonition} Solution\n:class: dropdown\n\nBecause **42**.\n:::"),
+    ])
+    (chapters / "01_one.ipynb").write_text(json.dumps(one))
+    two = notebook([md("cell-000", "# Two"), figure_cell("cell-001", "fig-two-a", "A."),
+                    figure_cell("cell-002", "fig-two-b", "B, see {numref}`fig-one-a`.")])
+    (chapters / "02_two.ipynb").write_text(json.dumps(two))
+    bugs = notebook([md("cell-000", "# Bugs\n\nSee {numref}`fig-bugs`."), figure_cell("cell-001", "fig-bugs", "A bug.")])
+    (guide / "bugs.ipynb").write_text(json.dumps(bugs))
+    return mc.Book(tmp_path)
+
+
+def test_figures_are_numbered_as_sphinx_numbers_them(convention_book):
+    figures = convention_book.figures
+    assert {name: number for name, (_, number, _) in figures.items()} == {
+        "fig-one-a": "1.1", "fig-one-md": "1.2", "fig-one-b": "1.3", "fig-two-a": "2.1", "fig-two-b": "2.2",
+        "fig-bugs": "1",  # a page outside the numbered chapters counts its figures alone
+    }
+    assert figures["fig-two-b"][0] == "chapters/02_two"
+
+
+def test_numref_becomes_a_figure_number_linking_to_the_book(convention_book):
+    converted = mc.convert_blocks(convention_book, "chapters/01_one", source(one_cell(convention_book, "cell-002")))
+    assert converted == (
+        "As [Figure 2.2](https://org.github.io/repo/chapters/02_two.html#fig-two-b) shows, and "
+        "[Figure 1.1](https://org.github.io/repo/chapters/01_one.html#fig-one-a), and "
+        "[Plot 1.3](https://org.github.io/repo/chapters/01_one.html#fig-one-b)."
+    )
+    assert "{numref}" not in mc.convert_blocks(convention_book, "guide/bugs", "See {numref}`fig-bugs`.")
+
+
+def test_each_figure_cell_is_followed_by_its_numbered_caption(convention_book):
+    nb = mc.convert_notebook(convention_book, convention_book.root / "chapters" / "01_one.ipynb")
+    ids = [c["id"] for c in nb["cells"]]
+    assert ids[ids.index("cell-003") + 1] == "cell-003-caption"
+    captions = {c["id"]: text(c) for c in nb["cells"] if c["id"].endswith("-caption")}
+    assert captions == {"cell-003-caption": "**Figure 1.1:** The first, with $x^2$.",
+                        "cell-005-caption": "**Figure 1.3:** The third."}
+    markdown_figure = text(next(c for c in nb["cells"] if c["id"] == "cell-004"))
+    assert markdown_figure.endswith("\n\n**Figure 1.2:** Drawn by hand.")
+    two = mc.convert_notebook(convention_book, convention_book.root / "chapters" / "02_two.ipynb")
+    caption = text(next(c for c in two["cells"] if c["id"] == "cell-002-caption"))
+    assert caption == "**Figure 2.2:** B, see [Figure 1.1](https://org.github.io/repo/chapters/01_one.html#fig-one-a)."
+
+
+def test_form_titles_follow_the_role_tags(convention_book):
+    nb = mc.convert_notebook(convention_book, convention_book.root / "chapters" / "01_one.ipynb")
+    titles = {c["id"]: c["source"][0] for c in nb["cells"] if c["metadata"].get("cellView") == "form"}
+    assert titles == {
+        "cell-005": "# @title Plotting code (double-click to show)\n",
+        "cell-006": "# @title The checks (double-click to show)\n",
+        "cell-008": "# @title Going deeper: the fast path (double-click to show the code)\n",
+        "cell-010": "# @title Solution to exercise 1 (double-click to show)\n",
+        "cell-012": "# @title Going deeper: the fast path (double-click to show the code)\n",
+    }
+    raising = next(c for c in nb["cells"] if c["id"] == "cell-012")  # the form title stays on the first line
+    assert raising["source"][1].startswith("# This cell stops with an error on purpose")
+
+
+@pytest.mark.parametrize(
+    "myst, markdown",
+    [
+        (":::{admonition} Solution\n:class: dropdown\n\nBecause **42**.\n:::",
+         "<details>\n<summary><strong>Solution</strong></summary>\n\nBecause **42**.\n\n</details>"),
+        (":::{admonition} Going deeper: the `fast` path\n:class: dropdown\n\nWhy $n^2$.\n:::",
+         ("<details>\n<summary><strong>Going deeper: the <code>fast</code> path</strong></summary>\n\nWhy $n^2$.\n\n"
+          "</details>")),
+        ("```{dropdown} More\nText.\n```", "<details>\n<summary><strong>More</strong></summary>\n\nText.\n\n</details>"),
+        (":::{admonition} Not folded\n:class: tip\n\nShown.\n:::", "> **Not folded**\n>\n> Shown."),
+    ],
+)
+def test_dropdowns_become_details_blocks(convention_book, myst, markdown):
+    assert mc.convert_blocks(convention_book, "chapters/01_one", myst) == markdown
+
+
+def test_the_guide_gets_a_colab_edition(convention_book, tmp_path):
+    written = mc.build(tmp_path / "out", convention_book.root)
+    names = sorted(p.relative_to(tmp_path / "out").as_posix() for p in written)
+    assert names == ["chapters/01_one.ipynb", "chapters/02_two.ipynb", "guide/bugs.ipynb"]
+
+
+def one_cell(book, cell_id):
+    cells = json.loads((book.root / "chapters" / "01_one.ipynb").read_text())["cells"]
+    return next(c for c in cells if c["id"] == cell_id)
+
+
+def source(cell):
+    return "".join(cell["source"])

@@ -1,15 +1,20 @@
-"""Write the Colab edition of every chapter: colab/chapters/NN_slug.ipynb, the notebooks the book's Colab button opens.
+"""Write the Colab edition of every notebook page: colab/chapters/NN_slug.ipynb and colab/guide/*.ipynb, the
+notebooks the book's Colab button opens.
 
-Usage: python tools/make_colab.py            (rewrites colab/ from chapters/; `make colab` runs it)
+Usage: python tools/make_colab.py            (rewrites colab/ from chapters/ and guide/; `make colab` runs it)
 
 Colab shows a chapter without the book's machinery, so each copy is the chapter with:
 - every glue role replaced by its value exactly as the book prints it, read from the chapter's stored outputs
   (format specs such as {glue:text}`name:.2f` honoured); a role without a stored value is an error;
-- every citation role replaced by authors, year and title from references.bib;
+- every citation role replaced by authors, year and title from references.bib (read with pybtex, as the book does);
 - links to other pages of the book (.ipynb/.md paths, {doc}, {ref}, {numref}, {eq}) pointing at the published book,
   whose address is `html.baseurl` in _config.yml; other files of the repository point at GitHub;
 - MyST directives (admonitions, math, figures, ...) written as plain Markdown, and bare amsmath blocks put in $$;
-- solutions (code cells tagged hide-cell or hide-input) turned into Colab form cells, which Colab shows folded;
+- folded cells (hide-cell, hide-input) turned into Colab form cells, which Colab shows folded, titled by their
+  role tag as the book's fold is ("Solution to exercise 2", "The checks", "Plotting code", "Going deeper: ...");
+- dropdown admonitions ("Solution", "Going deeper: ...") written as <details> blocks, folded as in the book;
+- every named figure numbered as the book numbers it (chapter.index: "Figure 7.2"), its caption a Markdown cell
+  after the figure cell, and {numref} roles to it written "Figure 7.2", linking to the figure in the book;
 - outputs and execution counts removed, a banner cell first, and `"accelerator": "GPU"` kept from the chapter so
   Colab offers a GPU runtime for the chapters that ask for one.
 The setup cell stays exactly as in the chapter: in Colab it clones the course library and installs nothing.
@@ -25,7 +30,6 @@ import pathlib
 import posixpath
 import re
 import sys
-import unicodedata
 
 import yaml
 
@@ -53,9 +57,14 @@ class Book:
         self.title = config.get("title", "")
         self.substitutions = (config.get("parse") or {}).get("myst_substitutions") or {}
         self.chapters = sorted((root / "chapters").glob("*.ipynb"))
-        self.glue = {docname(self, path): glue_values(read_notebook(path)) for path in self.chapters}
+        self.notebooks = [*self.chapters, *sorted((root / "guide").glob("*.ipynb"))]  # every notebook page
+        self.glue = {docname(self, path): glue_values(read_notebook(path)) for path in self.notebooks}
         self.bib = parse_bibtex((root / "references.bib").read_text()) if (root / "references.bib").exists() else {}
         self.labels, self.equations = collect_labels(self)
+        numfig = ((config.get("sphinx") or {}).get("config") or {}).get("numfig_format") or {}
+        self.figure_format = numfig.get("figure", "Fig. %s")
+        self.numbers = chapter_numbers(self)
+        self.figures = collect_figures(self)
 
     def page_url(self, doc: str, fragment: str = "") -> str:
         return f"{self.baseurl}{doc}.html{fragment}"
@@ -193,107 +202,37 @@ def strip_math_delimiters(latex: str) -> str:
 
 # ---------------------------------------------------------------------------------------------------- BibTeX
 
-ACCENTS = {"'": "\u0301", "`": "\u0300", "^": "\u0302", '"': "\u0308", "~": "\u0303", "=": "\u0304", ".": "\u0307",
-           "c": "\u0327", "v": "\u030c", "u": "\u0306", "H": "\u030b", "k": "\u0328", "r": "\u030a", "d": "\u0323"}
-LETTERS = {"L": "Ł", "l": "ł", "o": "ø", "O": "Ø", "ss": "ß", "ae": "æ", "AE": "Æ", "oe": "œ", "OE": "Œ",
-           "aa": "å", "AA": "Å", "i": "ı", "j": "ȷ"}
-
-
 def latex_to_text(text: str) -> str:
-    """BibTeX field text as Unicode: accents and special letters converted, grouping braces dropped, math kept."""
-    symbol = r"\\([`'^\"~=.])\s*(?:\{\s*(\\?[A-Za-z])\s*\}|(\\?[A-Za-z]))"
-    letter = r"\\([cvuHkrd])(?:\s*\{\s*(\\?[A-Za-z])\s*\}|\s+(\\?[A-Za-z]))"
+    """BibTeX field text as Unicode, as pybtex reads it: accents and special letters converted, braces dropped."""
+    from pybtex.richtext import Text
 
-    def accent(m):
-        base = m.group(2) or m.group(3)
-        base = {"\\i": "i", "\\j": "j"}.get(base, base)
-        return unicodedata.normalize("NFC", base + ACCENTS[m.group(1)])
-
-    text = re.sub(symbol, accent, text)
-    text = re.sub(letter, accent, text)
-    text = re.sub(r"\\(ss|ae|AE|oe|OE|aa|AA|L|l|o|O|i|j)(?![A-Za-z])(?:\{\})?\s?", lambda m: LETTERS[m.group(1)], text)
-    text = text.replace(r"\&", "&").replace(r"\%", "%").replace(r"\_", "_").replace("---", "—").replace("--", "–")
-    # braces only group or protect case outside math; inside $...$ they are TeX and stay
-    parts = re.split(r"(\$[^$]*\$)", text)
-    parts = [p if p.startswith("$") else p.replace("{", "").replace("}", "").replace("~", "\u00a0") for p in parts]
-    return re.sub(r"\s+", " ", "".join(parts)).strip()
+    return re.sub(r"\s+", " ", Text.from_latex(text).render_as("text")).strip()
 
 
-def parse_bibtex(text: str) -> dict[str, dict[str, str]]:
-    """key -> {field: raw value} for every @entry; values keep their inner braces (see latex_to_text)."""
-    entries = {}
-    for m in re.finditer(r"@(\w+)\s*\{\s*([^,\s]+)\s*,", text):
-        kind = m.group(1).lower()
-        if kind in ("comment", "preamble", "string"):
-            continue
-        fields, pos = {"ENTRYTYPE": kind}, m.end()
-        while True:
-            field = re.compile(r"\s*(\w[\w-]*)\s*=\s*").match(text, pos)
-            if not field:
-                break
-            name, pos = field.group(1).lower(), field.end()
-            value, pos = read_bib_value(text, pos)
-            fields[name] = value
-            sep = re.compile(r"\s*,?").match(text, pos)
-            pos = sep.end()
-        entries[m.group(2)] = fields
-    return entries
+def parse_bibtex(text: str) -> dict:
+    """key -> pybtex Entry for every entry of a BibTeX file, read by pybtex (sphinxcontrib-bibtex's own reader)."""
+    from pybtex.database import parse_string
+    from pybtex.exceptions import PybtexError
+
+    try:
+        return dict(parse_string(text, "bibtex").entries)
+    except PybtexError as exc:
+        raise ConversionError(f"references.bib: {exc}") from None
 
 
-def read_bib_value(text: str, pos: int) -> tuple[str, int]:
-    if text[pos] == "{":
-        depth, start = 0, pos
-        for i in range(pos, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start + 1 : i], i + 1
-        raise ConversionError("references.bib: unbalanced braces")
-    if text[pos] == '"':
-        depth = 0
-        for i in range(pos + 1, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if text[i] == '"' and depth == 0:
-                return text[pos + 1 : i], i + 1
-        raise ConversionError("references.bib: unterminated string")
-    m = re.compile(r"[\w.:-]+").match(text, pos)
-    return m.group(0), m.end()
+def last_name(name) -> str:
+    """The family name (with its 'von' part) of one BibTeX name, given as text or as a pybtex Person."""
+    from pybtex.database import Person
+
+    person = Person(name) if isinstance(name, str) else name
+    return latex_to_text(" ".join(person.prelast_names + person.last_names))
 
 
-def split_top_level(text: str, separator: str) -> list[str]:
-    """text split on separator (a regex) wherever it is outside braces."""
-    parts, depth, last = [], 0, 0
-    for m in re.finditer(r"[{}]|" + separator, text):
-        token = m.group(0)
-        if token == "{":
-            depth += 1
-        elif token == "}":
-            depth -= 1
-        elif depth == 0:
-            parts.append(text[last : m.start()])
-            last = m.end()
-    parts.append(text[last:])
-    return [p.strip() for p in parts]
-
-
-def last_name(name: str) -> str:
-    """The family name (with its 'von' part) of one BibTeX name: 'Last, First', 'von Last, Jr, First' or 'First Last'."""
-    pieces = split_top_level(name, ",")
-    if len(pieces) > 1:
-        return latex_to_text(pieces[0])
-    words = split_top_level(name, r"\s+")
-    family = [words[-1]]
-    for word in reversed(words[:-1]):  # lowercase words before the last name are its 'von' part
-        if word[:1].islower():
-            family.insert(0, word)
-        else:
-            break
-    return latex_to_text(" ".join(family))
-
-
-def format_authors(field: str) -> str:
-    names = split_top_level(field, r"\s+and\s+")
-    others = names[-1].lower() == "others"
-    names = [last_name(n) for n in names if n.lower() != "others"]
+def format_authors(persons) -> str:
+    """'Kaiser', 'Rabe and Ré' or 'Fleuret et al.' from an entry's list of pybtex Persons."""
+    persons = list(persons)
+    others = bool(persons) and str(persons[-1]).lower() == "others"
+    names = [last_name(p) for p in persons if str(p).lower() != "others"]
     if len(names) >= 3 or (others and names):
         return f"{names[0]} et al."
     if len(names) == 2:
@@ -306,9 +245,9 @@ def reference(book: Book, doc: str, key: str) -> tuple[str, str, str]:
         entry = book.bib[key]
     except KeyError:
         raise ConversionError(f"{doc}: citation key {key!r} is not in references.bib") from None
-    authors = format_authors(entry.get("author") or entry.get("editor") or "")
-    year = latex_to_text(entry.get("year", "n.d."))
-    title = latex_to_text(entry.get("title", key))
+    authors = format_authors(entry.persons.get("author") or entry.persons.get("editor") or [])
+    year = latex_to_text(entry.fields.get("year", "n.d."))
+    title = latex_to_text(entry.fields.get("title", key))
     return authors, year, title
 
 
@@ -347,7 +286,7 @@ def make_id(label: str) -> str:
 def collect_labels(book: Book) -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
     """label -> (document, title) for every `(label)=` target, and equation label -> document, in the book's pages."""
     labels, equations = {}, {}
-    pages = [*book.chapters, *sorted(book.root.glob("*.md"))]
+    pages = [*book.notebooks, *sorted(book.root.glob("*.md"))]
     for path in pages:
         doc = docname(book, path)
         for text in markdown_texts(path):
@@ -361,6 +300,61 @@ def collect_labels(book: Book) -> tuple[dict[str, tuple[str, str]], dict[str, st
                 if m:
                     equations[m.group(1)] = doc
     return labels, equations
+
+
+def chapter_numbers(book: Book) -> dict[str, int]:
+    """document -> its chapter number, as the book numbers them: in _toc.yml order, through the parts marked
+    `numbered` (without a _toc.yml, the chapters in file order)."""
+    toc_path = book.root / "_toc.yml"
+    if not toc_path.exists():
+        return {docname(book, path): i for i, path in enumerate(book.chapters, 1)}
+    toc = yaml.safe_load(toc_path.read_text())
+    numbered = [entry["file"] for part in toc.get("parts", []) if part.get("numbered")
+                for entry in part.get("chapters", [])]
+    return {re.sub(r"\.(ipynb|md)$", "", page): i for i, page in enumerate(numbered, 1)}
+
+
+FIGURE_DIRECTIVE = re.compile(r"^ {0,3}(`{3,}|:{3,})\s*\{figure\}.*$")
+
+
+def markdown_figures(text: str) -> list[tuple[str, str]]:
+    """(name, caption) of every named {figure} directive in a Markdown cell, in order."""
+    found, lines = [], text.splitlines()
+    for i, line in enumerate(lines):
+        m = FIGURE_DIRECTIVE.match(line)
+        if not m:
+            continue
+        fence = m.group(1)
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence), len(lines))
+        options, content = split_options(lines[i + 1 : end])
+        if options.get("name"):
+            found.append((options["name"], "\n".join(content).strip().split("\n\n")[0]))
+    return found
+
+
+def collect_figures(book: Book) -> dict[str, tuple[str, str, str]]:
+    """figure name -> (document, number, caption) for every named figure of the notebooks, numbered as Sphinx
+    does with numfig_secnum_depth 1: "7.2" is the second figure of chapter 7; a page outside the numbered
+    chapters counts its figures alone ("2")."""
+    figures = {}
+    for path in book.notebooks:
+        doc = docname(book, path)
+        prefix = f"{book.numbers[doc]}." if doc in book.numbers else ""
+        count = 0
+        for cell in read_notebook(path)["cells"]:
+            if cell["cell_type"] == "markdown":
+                named = markdown_figures(source(cell))
+            else:
+                figure = cell.get("metadata", {}).get("mystnb", {}).get("figure", {})
+                named = [(figure["name"], str(figure.get("caption", "")))] if figure.get("name") else []
+            for name, caption in named:
+                count += 1
+                figures[name] = (doc, f"{prefix}{count}", caption)
+    return figures
+
+
+def figure_label(book: Book, number: str) -> str:
+    return book.figure_format.replace("%s", number)
 
 
 def rewrite_link(book: Book, doc: str, target: str, image: bool = False) -> str:
@@ -395,6 +389,14 @@ def ref_role(book: Book, doc: str, role: str, content: str) -> str:
         if target not in book.equations:
             raise ConversionError(f"{doc}: {{eq}} role to unknown equation label {target!r}")
         return f"[{text or 'this equation'}]({book.page_url(book.equations[target], '#equation-' + make_id(target))})"
+    if target in book.figures:
+        page, number, caption = book.figures[target]
+        if role == "numref":
+            shown = text.replace("%s", number).replace("{number}", number).replace("{name}", caption) if text else ""
+            shown = shown or figure_label(book, number)
+        else:
+            shown = text or caption
+        return f"[{convert_inline(book, doc, shown)}]({book.page_url(page, '#' + make_id(target))})"
     if target not in book.labels:
         raise ConversionError(f"{doc}: {{{role}}} role to unknown label {target!r}")
     page, title = book.labels[target]
@@ -512,6 +514,13 @@ def blockquote(title: str, body: str) -> str:
     return "\n".join(lines)
 
 
+def details(title: str, body: str) -> str:
+    """A folded block, as Colab's Markdown shows a dropdown: the title always, the body on a click."""
+    title = re.sub(r"`([^`]+)`", r"<code>\1</code>", title)
+    title = re.sub(r"\*\*([^*]+)\*\*", r"\1", title)
+    return f"<details>\n<summary><strong>{title}</strong></summary>\n\n{body.strip()}\n\n</details>"
+
+
 def list_table(doc: str, options: dict, body: str) -> str:
     rows, current = [], None
     for line in body.splitlines():
@@ -538,6 +547,8 @@ def list_table(doc: str, options: dict, body: str) -> str:
 def convert_directive(book: Book, doc: str, name: str, arg: str, body_lines: list[str]) -> str:
     options, content = split_options(body_lines)
     body = convert_blocks(book, doc, "\n".join(content)).strip("\n")
+    if name == "dropdown" or (name == "admonition" and "dropdown" in options.get("class", "").split()):
+        return details(convert_inline(book, doc, arg) or "Details", body)
     if name in ADMONITIONS:
         text = (convert_inline(book, doc, arg) + "\n\n" + body).strip() if arg else body
         return blockquote(ADMONITIONS[name], text)
@@ -548,6 +559,10 @@ def convert_directive(book: Book, doc: str, name: str, arg: str, body_lines: lis
     if name in ("figure", "image"):
         url = rewrite_link(book, doc, arg.strip(), image=True)
         alt = options.get("alt", "").replace("]", ")").replace("[", "(") or (body.splitlines()[0] if body else "")
+        if name == "figure" and options.get("name") in book.figures:
+            number = book.figures[options["name"]][1]
+            body = f"**{figure_label(book, number)}:** {body}".strip()
+            return f"![{alt}]({url})\n\n{body}"
         return f"![{alt}]({url})" + (f"\n\n*{body}*" if name == "figure" and body else "")
     if name in ("code-block", "code", "sourcecode", "code-cell"):
         return f"```{arg.split()[0] if arg else ''}\n" + "\n".join(content) + "\n```"
@@ -640,13 +655,39 @@ def is_glue_only(code: str) -> bool:
     return bool(tree.body) and len(calls) == len(tree.body) and all(n == "glue" for n in names)
 
 
-def fold_title(cell_code: str, exercise: int | None, in_exercises: bool) -> str:
-    if in_exercises:
+def fold_title(cell: dict, exercise: int | None, in_exercises: bool, aside: str | None = None) -> str:
+    """The title Colab shows on a folded cell: from its role tag (lib.notebook.ROLES), as the book's fold says it."""
+    tags = cell.get("metadata", {}).get("tags", [])
+    if "solution" in tags or in_exercises:
         return f"Solution to exercise {exercise} (double-click to show)" if exercise else "Solution (double-click to show)"
-    first = cell_code.lstrip().splitlines()[0] if cell_code.strip() else ""
+    if "check" in tags:
+        return "The checks (double-click to show)"
+    if "plot" in tags:
+        return "Plotting code (double-click to show)"
+    if "deeper" in tags:
+        return f"{aside or 'Going deeper'} (double-click to show the code)"
+    prompt = cell.get("metadata", {}).get("mystnb", {}).get("code_prompt_show", "")
+    if prompt and not prompt.startswith("Show code cell"):  # the book's own prompt, "Show the table helper"
+        shown = re.sub(r"^Show\s+", "", prompt)
+        return shown[:1].upper() + shown[1:] + " (double-click to show)"
+    code = source(cell)
+    first = code.lstrip().splitlines()[0] if code.strip() else ""
     if first.startswith("#") and not first.startswith("#!"):
         return first.lstrip("# ").rstrip(".") + " (double-click to show the code)"
     return "Code hidden in the book (double-click to show)"
+
+
+def caption_cell(book: Book, doc: str, cell: dict) -> dict | None:
+    """The numbered caption the book prints under a figure cell, as a Markdown cell to follow it in Colab."""
+    name = cell.get("metadata", {}).get("mystnb", {}).get("figure", {}).get("name")
+    if name not in book.figures:
+        return None
+    _, number, caption = book.figures[name]
+    text = convert_blocks(book, doc, f"**{figure_label(book, number)}:** {caption}".strip())
+    return {"cell_type": "markdown", "id": f"{cell.get('id')}-caption", "metadata": {}, "source": as_lines(text)}
+
+
+ASIDE_TITLE = re.compile(r"^ {0,3}(?:`{3,}|:{3,})\s*\{admonition\}\s*(Going deeper.*?)\s*$", re.MULTILINE)
 
 
 def banner(book: Book, doc: str, title: str, nb: dict, raising: bool, folded: bool) -> str:
@@ -672,7 +713,7 @@ def as_lines(text: str) -> list[str]:
 def convert_notebook(book: Book, path: pathlib.Path) -> dict:
     doc = docname(book, path)
     nb = read_notebook(path)
-    cells, in_exercises, exercise, title = [], False, None, None
+    cells, in_exercises, exercise, title, aside = [], False, None, None, None
     raising = False
     for cell in nb["cells"]:
         text = source(cell)
@@ -688,24 +729,29 @@ def convert_notebook(book: Book, path: pathlib.Path) -> dict:
                     title = line[2:].strip()
                 if re.match(r"^#{1,2} ", line):
                     in_exercises = line.lstrip("# ").strip().lower().startswith("exercise")
-                    exercise = None
+                    exercise, aside = None, None
                 numbered = re.match(r"^\*\*(\d+)[.)]", line)
                 if numbered and in_exercises:
                     exercise = int(numbered.group(1))
+            asides = ASIDE_TITLE.findall(text)
+            aside = convert_inline(book, doc, asides[-1]).replace("`", "") if asides else aside
             text = convert_blocks(book, doc, text)
         elif cell["cell_type"] == "code":
             if "remove-cell" in tags and is_glue_only(text):
                 continue  # book-only plumbing: nothing for a Colab reader
-            if any(tag in tags for tag in FOLDED_TAGS):
-                text = f"# @title {fold_title(text, exercise, in_exercises)}\n" + text
-                new["metadata"]["cellView"] = "form"
             if "raises-exception" in tags:
                 raising = True
                 text = "# This cell stops with an error on purpose: the error is the lesson.\n" + text
+            if any(tag in tags for tag in FOLDED_TAGS):  # Colab reads a form title on the first line only
+                text = f"# @title {fold_title(cell, exercise, in_exercises, aside)}\n" + text
+                new["metadata"]["cellView"] = "form"
             new["execution_count"] = None
             new["outputs"] = []
         new["source"] = as_lines(text)
         cells.append(new)
+        caption = caption_cell(book, doc, cell) if cell["cell_type"] == "code" else None
+        if caption:
+            cells.append(caption)
     if title is None:
         raise ConversionError(f"{doc}: no '# ' title")
     folded = any(c.get("metadata", {}).get("cellView") == "form" for c in cells)
@@ -727,18 +773,18 @@ def dumps(nb: dict) -> str:
 
 
 def build(out: pathlib.Path = OUT, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
-    """Write the Colab copy of every chapter under out/chapters/; remove copies whose chapter is gone."""
+    """Write the Colab copy of every notebook page (chapters/, guide/) under out/; remove copies whose page is gone."""
     book = Book(root)
-    target = out / "chapters"
-    target.mkdir(parents=True, exist_ok=True)
     written = []
-    for path in book.chapters:
-        copy = target / path.name
+    for path in book.notebooks:
+        copy = out / path.relative_to(book.root)
+        copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_text(dumps(convert_notebook(book, path)), encoding="utf-8")
         written.append(copy)
-    for stale in sorted(target.glob("*.ipynb")):
-        if stale not in written:
-            stale.unlink()
+    for folder in ("chapters", "guide"):
+        for stale in sorted((out / folder).glob("*.ipynb")):
+            if stale not in written:
+                stale.unlink()
     return written
 
 

@@ -19,7 +19,8 @@ from nbclient import NotebookClient
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from lib.notebook import ROLES  # noqa: E402
+from lib.notebook import ROLES
+
 KEEP_NOTEBOOK_METADATA = ("kernelspec", "language_info", "colab", "accelerator")
 KEEP_CELL_METADATA = ("tags", "mystnb")
 
