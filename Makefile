@@ -13,9 +13,9 @@ export PYTHONPATH := $(CURDIR)
 
 help:
 	@echo "make book       build the HTML book into _build/html"
-	@echo "make test       lint, library tests, strict nbval over every chapter, the book build, the browser check"
-	@echo "make notebooks  re-run every chapter and store its outputs (after changing a chapter or the library)"
-	@echo "make colab      rewrite the Colab edition of every chapter in colab/chapters (after make notebooks)"
+	@echo "make test       lint, library tests, strict nbval over every chapter and the guide, the book build, the browser check"
+	@echo "make notebooks  re-run every chapter and the guide, storing their outputs (after changing one or the library)"
+	@echo "make colab      rewrite the Colab editions in colab/chapters and colab/guide (after make notebooks)"
 	@echo "make bench      speed and memory of the library against PyTorch's fused kernel"
 	@echo "make bench-gpu  the GPU paths (flash_attention, attention, tiled_attention) against SDPA, on a CUDA GPU"
 
@@ -33,14 +33,14 @@ book: $(STAMP)
 test: $(STAMP) lint test-lib test-notebooks test-book test-browser
 
 lint: $(STAMP)
-	$(BIN)/ruff check lib tests tools benchmarks chapters
+	$(BIN)/ruff check lib tests tools benchmarks chapters guide
 
 test-lib: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -m "not browser" tests
 
 test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env \
-		--nbval-sanitize-with tests/nbval_sanitize.cfg chapters
+		--nbval-sanitize-with tests/nbval_sanitize.cfg chapters guide
 
 test-book: $(STAMP)
 	rm -rf _build/html

@@ -39,6 +39,7 @@ CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
 PAGES = [TOC["root"]] + [entry["file"] for part in TOC["parts"] for entry in part["chapters"]]
 CHAPTERS = [p for p in PAGES if p.startswith("chapters/")]
+NOTEBOOK_PAGES = [p for p in PAGES if p.startswith(("chapters/", "guide/"))]
 
 
 def html_path(page):
@@ -154,7 +155,7 @@ def test_chapter_has_its_colab_link(page):
     assert expected in links, f"no Colab link {expected}"
 
 
-@pytest.mark.parametrize("page", CHAPTERS)
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
 def test_every_fold_says_what_it_holds(page):
     """A fold's prompt names its content ("Show solution", "Show the checks"), from the cell's role tag."""
     prompts = [p.get_text(strip=True) for p in source_soup(page).select("article details summary p.collapsed")]

@@ -16,6 +16,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 COPIES = ROOT / CONFIG["repository"]["path_to_book"] / "chapters"
+GUIDES = sorted((ROOT / "guide").glob("*.ipynb"))
+GUIDE_COPIES = ROOT / CONFIG["repository"]["path_to_book"] / "guide"
 BASE = CONFIG["html"]["baseurl"].rstrip("/") + "/"
 
 spec = importlib.util.spec_from_file_location("make_colab", ROOT / "tools" / "make_colab.py")
@@ -46,12 +48,14 @@ def fresh(tmp_path_factory):
     return out / "chapters"
 
 
-def test_copies_are_current(fresh):
+@pytest.mark.parametrize("kind", ["chapters", "guide"])
+def test_copies_are_current(fresh, kind):
+    fresh, copies = fresh.parent / kind, COPIES.parent / kind
     expected = sorted(p.name for p in fresh.glob("*.ipynb"))
-    committed = sorted(p.name for p in COPIES.glob("*.ipynb"))
-    assert committed == expected, f"colab copies {committed} do not match the chapters {expected}: run make colab"
+    committed = sorted(p.name for p in copies.glob("*.ipynb"))
+    assert committed == expected, f"colab copies {committed} do not match the pages {expected}: run make colab"
     for name in expected:
-        assert (COPIES / name).read_bytes() == (fresh / name).read_bytes(), f"colab/chapters/{name} is stale: run make colab"
+        assert (copies / name).read_bytes() == (fresh / name).read_bytes(), f"colab/{kind}/{name} is stale: run make colab"
 
 
 def test_generator_is_deterministic(fresh, tmp_path):
@@ -68,9 +72,9 @@ def test_the_colab_button_opens_the_copies():
     assert BASE.startswith("https://")
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("chapter", CHAPTERS + GUIDES, ids=lambda p: p.stem)
 def test_copy_reads_like_the_book(chapter):
-    copy = load(COPIES / chapter.name)
+    copy = load(COPIES.parent / chapter.parent.name / chapter.name)
     for cell in copy["cells"]:
         if cell["cell_type"] != "markdown":
             continue
@@ -80,7 +84,7 @@ def test_copy_reads_like_the_book(chapter):
         assert "{glue" not in md, f"{cell['id']}: unresolved glue"
         assert not RELATIVE_PAGE_LINK.search(md), f"{cell['id']}: relative link {RELATIVE_PAGE_LINK.search(md).group(0)}"
     banner = text(copy["cells"][0])
-    assert f"{BASE}chapters/{chapter.stem}.html" in banner and "git clone" in banner
+    assert f"{BASE}{chapter.parent.name}/{chapter.stem}.html" in banner and "git clone" in banner
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)

@@ -691,13 +691,14 @@ ASIDE_TITLE = re.compile(r"^ {0,3}(?:`{3,}|:{3,})\s*\{admonition\}\s*(Going deep
 
 
 def banner(book: Book, doc: str, title: str, nb: dict, raising: bool, folded: bool) -> str:
+    kind = "a chapter" if doc.startswith("chapters/") else "a page"
     lines = [
-        f"> **Colab edition** of [{title}]({book.page_url(doc)}), a chapter of *{book.title}*.",
+        f"> **Colab edition** of [{title}]({book.page_url(doc)}), {kind} of *{book.title}*.",
         "> Run the cells from the top: the first code cell fetches the course library with `git clone` and installs",
         "> nothing. The numbers in the text come from the book's own run; timings on your runtime will differ.",
     ]
     if folded:
-        lines.append("> Exercise solutions are folded: double-click one to open it.")
+        lines.append("> Folded cells (checks, plotting code, solutions) open with a double-click.")
     if nb.get("metadata", {}).get("accelerator") == "GPU":
         lines += [">", "> This chapter asks Colab for a GPU runtime. If you got a CPU, choose *Runtime → Change runtime type*."]
     if raising:

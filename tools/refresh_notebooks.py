@@ -1,6 +1,6 @@
 """Re-run chapter notebooks top to bottom and store their outputs in a normalised form.
 
-Usage: python tools/refresh_notebooks.py [chapters/NN_slug.ipynb ...]   (no argument: every chapter)
+Usage: python tools/refresh_notebooks.py [chapters/NN_slug.ipynb ...]   (no argument: every chapter and guide/)
 
 Each notebook runs in one fresh kernel with chapters/ as the working directory, as the book build and nbval run
 it. Afterwards only stable metadata is kept (kernel, language name, the Colab settings), so that a refresh with no
@@ -85,7 +85,8 @@ def refresh(path):
 
 
 def main(args):
-    paths = [pathlib.Path(a).resolve() for a in args] or sorted((ROOT / "chapters").glob("*.ipynb"))
+    default = [*sorted((ROOT / "chapters").glob("*.ipynb")), *sorted((ROOT / "guide").glob("*.ipynb"))]
+    paths = [pathlib.Path(a).resolve() for a in args] or default
     for path in paths:
         seconds = refresh(path)
         print(f"refreshed {path.relative_to(ROOT)} in {seconds:.1f} s")
