@@ -290,7 +290,7 @@ def desktop(browser, page):
             "mathjax_errors": tab.evaluate(MATHJAX_ERRORS),
             "prose": tab.evaluate(PROSE),
             "sideways": tab.evaluate(SIDEWAYS),  # opens the folds, so it comes last
-            "page_errors": [e for e in tab.errors if "THEBE_JS_URL" not in e],  # sphinx-thebe declares it twice
+            "page_errors": tab.errors,
         }
         tab.context.close()
     return _DESKTOP[page]
