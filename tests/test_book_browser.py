@@ -196,12 +196,12 @@ def open_page(browser, page, viewport, phone=False):
 ON_SCREEN = """(selector) => [...document.querySelectorAll(selector)].filter((el) => {
   const box = el.getBoundingClientRect(), style = getComputedStyle(el);
   return box.width > 0 && box.height > 0 && style.visibility === "visible" && Number(style.opacity) > 0
-    && box.right > 0 && box.left < innerWidth && box.bottom > 0 && box.top < innerHeight;
+    && box.right > 0 && box.left < innerWidth;  // a long list may run below the screen, never beside it
 }).length"""
 
 
 def on_screen(tab, selector):
-    """How many elements matching selector a reader can see: laid out, not hidden, inside the viewport."""
+    """How many elements matching selector a reader can see or scroll to: laid out, not hidden, not off to a side."""
     return tab.evaluate(ON_SCREEN, selector)
 
 
