@@ -155,6 +155,14 @@ def test_chapter_has_its_colab_link(page):
     assert expected in links, f"no Colab link {expected}"
 
 
+@pytest.mark.parametrize("page", PAGES)
+def test_each_inline_script_once(page):
+    """A second copy of sphinx-thebe's `const THEBE_JS_URL` is a SyntaxError (tools/script_once.py removes it)."""
+    bodies = [s.get_text() for s in source_soup(page).find_all("script") if not s.get("src") and s.get_text().strip()]
+    twice = sorted({b[:60] for b in bodies if bodies.count(b) > 1})
+    assert not twice, f"inline scripts on the page twice: {twice}"
+
+
 @pytest.mark.parametrize("page", NOTEBOOK_PAGES)
 def test_every_fold_says_what_it_holds(page):
     """A fold's prompt names its content ("Show solution", "Show the checks"), from the cell's role tag."""
