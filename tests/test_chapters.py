@@ -105,7 +105,7 @@ HIDDEN = ("hide-input", "hide-cell", "remove-input", "remove-cell")  # the reade
 NEVER_SHOWN = ("remove-input", "remove-cell")
 WIDTH = 88  # chapters/ruff.toml: what fits the book's column at 1,400 px
 PLUMBING = re.compile(r"^\s*(assert\b|np\.testing\.|torch\.testing\.|(\w+\s*=\s*)?glue\()")
-SOLUTION_DROPDOWN = re.compile(r"^:{3,}\s*\{admonition\}\s*Solution.*\n(?:\s*:[\w-]+:.*\n)*?\s*:class:.*\bdropdown\b",
+SOLUTION_DROPDOWN = re.compile(r"^(?::{3,}|`{3,})\s*\{admonition\}\s*Solution.*\n(?:\s*:[\w-]+:.*\n)*?\s*:class:.*\bdropdown\b",
                                re.MULTILINE)
 
 
