@@ -395,15 +395,17 @@ def test_grouped_attention_is_attention_on_repeated_kv_heads(backend, n_kv):
             q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)), **TOL32)
 
 
-def test_grouped_attention_causal_is_bottom_right():
+def test_grouped_attention_causal_true_is_top_left_as_is_causal_and_bottom_right_is_named():
     rng = np.random.default_rng(4)
     q, k, v = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in [(1, 2, 3, 4), (1, 2, 8, 4), (1, 2, 8, 4)])
-    expected = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=causal_lower_right(3, 8)
-    )
-    torch.testing.assert_close(grouped_attention(q, k, v, causal=True), expected, **TOL32)
+    bottom_right = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(3, 8))
     top_left = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    assert not torch.allclose(top_left, expected, atol=1e-3)
+    assert not torch.allclose(top_left, bottom_right, atol=1e-3)
+    torch.testing.assert_close(grouped_attention(q, k, v, causal="bottom-right"), bottom_right, **TOL32)
+    for spelling in (True, "top-left"):
+        torch.testing.assert_close(grouped_attention(q, k, v, causal=spelling), top_left, **TOL32)
+    with pytest.raises(ValueError, match="first 5 queries with no key"):
+        grouped_attention(k, q, q, causal="bottom-right")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -641,8 +643,10 @@ def test_bad_multihead_inputs_are_named(backend):
         mod(x, context=arr(tokens(3, 7, 12)))
     with pytest.raises(TypeError, match="mask has dtype .*int.*integer masks are ambiguous"):
         mod(x, arr(np.ones((5, 5), dtype=np.int64)))
-    with pytest.raises(ValueError, match=r"mask of shape \(5, 4\) does not broadcast"):
+    with pytest.raises(ValueError, match=r"mask of shape \(5, 4\) fits neither .* \(..., L, S\) = \(2, 5, 5\)"):
         mod(x, arr(np.ones((5, 4), dtype=bool)))
+    with pytest.raises(ValueError, match=r"\(..., 1 or H, L, S\) = \(2, 3, 5, 5\)"):
+        mod(x, arr(np.ones((2, 2, 5, 5), dtype=bool)))  # two heads' masks for three heads
 
 
 def test_bad_multihead_conversions_are_named():
