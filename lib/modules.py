@@ -38,7 +38,7 @@ biases such as ALiBi's.
 ``scaled_dot_product_attention``. The modules know where their queries sit, and True aligns them by position:
 each token attends itself and the tokens before it. Without a cache the queries and keys both start at position 0,
 which is top-left; with a :class:`lib.decoding.KVCache` that holds earlier tokens, the L new queries are the
-last L of the S tokens, which is bottom-right.
+last L of the S tokens, which is bottom-right. (A static cache holds a context, not earlier tokens: top-left.)
 """
 
 from __future__ import annotations
@@ -328,13 +328,16 @@ def _project_kv(module, source):
     return k, v
 
 
-def _keys_and_values(module, x, context, cache, check_context):
-    """The keys and values (..., Hkv, S, d) a multi-head call attends, and whether its queries follow cached tokens.
+def _heads_to_attend(module, x, context, cache, check_context, rotate):
+    """q (..., H, L, d), the k and v (..., Hkv, S, d) a multi-head call attends, and whether q follows cached tokens.
 
-    Self-attention projects x; with a growing :class:`lib.decoding.KVCache` they are appended to it and all its
-    tokens are attended, so the queries are the last L of them. Cross-attention projects ``context``; a cache
-    with it must be static (``KVCache(static=True)``): the first call stores the context's keys and values, and
-    later calls read them without projecting the context again. ``check_context`` validates a context."""
+    Self-attention projects x; with a growing :class:`lib.decoding.KVCache` the keys and values are appended to it
+    and all its tokens are attended, so the queries are the last L of them. ``rotate(t, start)``, if given, turns
+    the queries and the new keys before the keys enter the cache, ``start`` being the position of x's first token
+    (the cache's length before this call, else 0). Cross-attention projects ``context``; a cache with it must be
+    static (``KVCache(static=True)``): the first call stores the context's keys and values, and later calls read
+    them without projecting the context again. ``check_context`` validates a context."""
+    q = split_heads(x @ module.w_q, module.n_heads)  # (..., H, L, d)
     static = cache is not None and cache.static
     if context is None:
         if static:
@@ -343,27 +346,35 @@ def _keys_and_values(module, x, context, cache, check_context):
                 "too, or use KVCache(capacity) to cache self-attention"
             )
         k, v = _project_kv(module, x)  # (..., Hkv, L, d)
+        if rotate is not None:
+            start = 0 if cache is None else len(cache)  # the position of x's first token
+            q, k = rotate(q, start), rotate(k, start)
         if cache is None:
-            return k, v, False
+            return q, k, v, False
         k, v = cache.append(k, v)  # (..., Hkv, S, d): every token so far
-        return k, v, True
+        return q, k, v, True
+    if rotate is not None:
+        raise ValueError(
+            "rotate turns queries and keys by their positions in one sequence: it applies to self-attention, "
+            "not to cross-attention with context"
+        )
     context = check_context(context)
     if cache is None:
-        return (*_project_kv(module, context), False)
+        return (q, *_project_kv(module, context), False)
     if not static:
         raise ValueError(
             "a KVCache that grows cannot be passed with context: it would store the context's keys and values "
             "again at every call. For cross-attention pass KVCache(static=True), which stores them once"
         )
     if len(cache) == 0:
-        return (*cache.append(*_project_kv(module, context)), False)  # (..., Hkv, S, d), projected once
+        return (q, *cache.append(*_project_kv(module, context)), False)  # (..., Hkv, S, d), projected once
     held = tuple(cache.keys.shape)
     if held[:-3] != tuple(context.shape[:-2]) or held[-2] != context.shape[-2]:
         raise ValueError(
             f"context has shape {tuple(context.shape)} but the static cache holds the keys of a context with batch "
             f"dimensions {held[:-3]} and {held[-2]} tokens: one static cache serves one context"
         )
-    return cache.keys, cache.values, False
+    return q, cache.keys, cache.values, False
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -453,24 +464,25 @@ class MultiHeadAttention:
         """How many numbers the module learns."""
         return sum(w.size for w in self.state_dict().values())
 
-    def __call__(self, x, mask=None, *, context=None, causal=False, cache=None, return_weights=False):
+    def __call__(self, x, mask=None, *, context=None, causal=False, cache=None, rotate=None, return_weights=False):
         """Attend: output (..., L, D), and the weights (..., H, L, S) too with ``return_weights=True``.
 
         Self-attention by default; ``context`` (..., S, D), with x's batch dimensions, supplies the keys and values
         for cross-attention. ``mask`` (boolean True = may attend, or floating, added) is (..., L, S), shared by
         every head, or (..., 1 or H, L, S), per head. ``causal``: False (the default), ``"top-left"``,
         ``"bottom-right"``, or True, which aligns by position: top-left without a cache (query i attends keys
-        j <= i), bottom-right with a cache (the L new queries are the last L of the S tokens). With ``cache``, a
+        j <= i), bottom-right with a cache of earlier tokens (the L new queries are the last L of the S tokens). With ``cache``, a
         :class:`lib.decoding.KVCache`, this call's keys and values are appended to it and the queries attend every
         key it holds: x is then the next tokens of a sequence whose earlier tokens went through the cache. With
         ``context``, ``cache`` must be static (``KVCache(static=True)``): it stores the context's keys and values on
-        the first call and serves them to every later one.
+        the first call and serves them to every later one. ``rotate(t, start)``, for self-attention, turns the
+        queries (..., H, L, d) and the new keys (..., Hkv, L, d), whose first token is at position ``start`` (the
+        cache's length, else 0), before the keys are cached: where rotary position embeddings plug in.
         """
         x = np.asarray(x)
         _check_input(x, self.d_model)
         check = lambda c: _check_context(np.asarray(c), x, self.d_model)
-        k, v, follows_cache = _keys_and_values(self, x, context, cache, check)  # (..., Hkv, S, d) each
-        q = split_heads(x @ self.w_q, self.n_heads)  # (..., H, L, d)
+        q, k, v, follows_cache = _heads_to_attend(self, x, context, cache, check, rotate)  # (..., H, L, d), (..., Hkv, S, d)
         L, S = q.shape[-2], k.shape[-2]
         causal = _check_causal(causal, L, S, true="bottom-right" if follows_cache else "top-left")
         mask = _heads_mask(_NUMPY, mask, causal, x.shape[:-2], self.n_heads, L, S, q)

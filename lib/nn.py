@@ -34,11 +34,10 @@ from lib.modules import (
     _head_shapes,
     _head_sizes,
     _heads_mask,
-    _keys_and_values,
+    _heads_to_attend,
     _shapes,
     _sizes,
     merge_heads,
-    split_heads,
     xavier_bound,
 )
 
@@ -140,13 +139,14 @@ class TorchMultiHeadAttention(nn.Module):
         """How many numbers the module learns."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, x, mask=None, *, context=None, causal=False, cache=None, return_weights=False):
+    def forward(self, x, mask=None, *, context=None, causal=False, cache=None, rotate=None, return_weights=False):
         """Attend: output (..., L, D), and the weights (..., H, L, S) too with ``return_weights=True``.
 
         Arguments as :meth:`lib.modules.MultiHeadAttention.__call__`: ``mask`` (boolean True = may attend, or
         floating, added) is (..., L, S), shared by every head, or (..., 1 or H, L, S), per head; ``causal`` True
         aligns by position, top-left without a cache and bottom-right with one; ``cache`` a
-        :class:`lib.decoding.KVCache`, static with ``context``. Without ``return_weights`` the attention is
+        :class:`lib.decoding.KVCache`, static with ``context``; ``rotate(t, start)`` turns the queries and new keys
+        of self-attention by position (rotary embeddings) before the keys are cached. Without ``return_weights`` the attention is
         ``scaled_dot_product_attention``; the weights, which it never returns, come from
         :func:`lib.modules.grouped_attention`, dropped out while training like the output they mix.
         """
@@ -157,8 +157,7 @@ class TorchMultiHeadAttention(nn.Module):
             _check_torch_input(context, self.w_q, "context", "MultiHeadAttention")
             return _check_context(context, x, self.d_model)
 
-        k, v, follows_cache = _keys_and_values(self, x, context, cache, check)  # (..., Hkv, S, d) each
-        q = split_heads(x @ self.w_q, self.n_heads)  # (..., H, L, d)
+        q, k, v, follows_cache = _heads_to_attend(self, x, context, cache, check, rotate)  # (..., H, L, d), (..., Hkv, S, d)
         L, S = q.shape[-2], k.shape[-2]
         offset = _check_causal(causal, L, S, true="bottom-right" if follows_cache else "top-left")
         p = self.dropout if self.training else 0.0

@@ -115,6 +115,6 @@ def _scores_in_float32(torch, q, k):
         k3 = k.expand(*batch, S, E).reshape(-1, S, E)  # (B, S, E)
         try:
             return torch.bmm(q3, k3.transpose(1, 2), out_dtype=torch.float32).reshape(*batch, L, S)  # (..., L, S)
-        except (TypeError, RuntimeError, NotImplementedError):  # torch < 2.8 has no out_dtype
+        except (TypeError, RuntimeError, NotImplementedError):  # an older torch without bmm's out_dtype
             pass
     return q.float() @ k.float().transpose(-1, -2)  # (..., L, S)

@@ -817,7 +817,7 @@ def test_torch_module_passes_the_cheapest_form_of_the_causal_pattern(monkeypatch
 
 @pytest.mark.parametrize("n_kv", [4, 2])
 def test_decode_chunks_and_masked_gqa_run_the_fused_cpu_kernel(n_kv):
-    # FIELD_NOTES: on CPU, SDPA's fused kernel takes 4-D inputs, with or without a mask; 3-D inputs run the math one.
+    # Every fused kernel needs 4-D inputs (FIELD_NOTES); on CPU (torch 2.13) its flash kernel also takes masks and GQA.
     _, mod = mh_twins(16, 4, n_kv)
     x = torch.randn(2, 9, 16)
     fused = "aten::_scaled_dot_product_flash_attention_for_cpu"
@@ -836,3 +836,43 @@ def test_decode_chunks_and_masked_gqa_run_the_fused_cpu_kernel(n_kv):
             assert fused in ran and not any("_math" in op for op in ran), (name, ran)
             if name == "one-token decode step":  # no mask is built: every cached key is allowed
                 assert not ran & {"aten::arange", "aten::le", "aten::ones", "aten::tril", "aten::where"}, ran
+
+
+def _rope(t, start):
+    """Rotary position embeddings on (..., heads, l, d): pairs of columns turned by position · frequency."""
+    d = t.shape[-1]
+    positions = torch.arange(start, start + t.shape[-2], dtype=t.dtype)[:, None]  # (l, 1)
+    angles = positions / 10000 ** (torch.arange(0, d, 2, dtype=t.dtype) / d)  # (l, d/2)
+    cos, sin = angles.cos(), angles.sin()
+    even, odd = t[..., 0::2], t[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_rotate_turns_queries_and_keys_by_position_before_they_are_cached(backend):
+    np_mod, torch_mod = mh_twins(12, 3, 1)
+    x = torch.from_numpy(tokens(2, 6, 12))
+    if backend == "torch":
+        mod, rotate = torch_mod, _rope
+    else:
+        def mod(a, **kw):
+            return torch.from_numpy(np_mod(a.numpy(), **kw))
+
+        def rotate(t, start):
+            return _rope(torch.from_numpy(t), start).numpy()
+
+    with torch.no_grad():
+        whole = mod(x, causal=True, rotate=rotate)
+        cache = decoding.KVCache(6)
+        steps = [mod(x[:, :3], causal=True, cache=cache, rotate=rotate)]
+        steps += [mod(x[:, t : t + 1], causal=True, cache=cache, rotate=rotate) for t in range(3, 6)]
+    torch.testing.assert_close(torch.cat(steps, 1), whole, **TOL32)
+    assert not torch.allclose(whole, mod(x, causal=True), atol=1e-3)  # the rotation did something
+    seen = []
+    with torch.no_grad():
+        later = decoding.KVCache(4)
+        mod(x[:, :2], causal=True, cache=later)
+        mod(x[:, 2:4], causal=True, cache=later, rotate=lambda t, start: seen.append(start) or t)
+    assert seen == [2, 2]  # queries, then keys, of the tokens at positions 2 and 3
+    with pytest.raises(ValueError, match="rotate .* not to cross-attention"):
+        mod(x, context=x if backend == "torch" else x.numpy(), rotate=rotate)
