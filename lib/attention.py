@@ -18,8 +18,8 @@ a key; a floating mask is added to the scores. ``nn.MultiheadAttention``'s ``key
 use the opposite polarity (True = ignore). A query that may attend to nothing gets zero weights and a zero output.
 
 Dtypes are kept: float32 in, float32 out. float16 and bfloat16 compute in float32 and return their own dtype (except
-in :func:`attention` on a CUDA GPU without a mask, which stays in half precision: see :mod:`lib.speed`); integer
-inputs are promoted to the backend's default floating dtype.
+in :func:`attention` on a CUDA GPU without a mask, which multiplies in half precision and softmaxes float32
+scores: see :mod:`lib.speed`); integer inputs are promoted to the backend's default floating dtype.
 """
 
 from __future__ import annotations
