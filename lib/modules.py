@@ -471,9 +471,10 @@ class MultiHeadAttention:
         for cross-attention. ``mask`` (boolean True = may attend, or floating, added) is (..., L, S), shared by
         every head, or (..., 1 or H, L, S), per head. ``causal``: False (the default), ``"top-left"``,
         ``"bottom-right"``, or True, which aligns by position: top-left without a cache (query i attends keys
-        j <= i), bottom-right with a cache of earlier tokens (the L new queries are the last L of the S tokens). With ``cache``, a
-        :class:`lib.decoding.KVCache`, this call's keys and values are appended to it and the queries attend every
-        key it holds: x is then the next tokens of a sequence whose earlier tokens went through the cache. With
+        j <= i), bottom-right with a cache of earlier tokens (the L new queries are the last L of the S tokens).
+        With ``cache``, a :class:`lib.decoding.KVCache`, this call's keys and values are appended to it and the
+        queries attend every key it holds: x is then the next tokens of a sequence whose earlier tokens went
+        through the cache. With
         ``context``, ``cache`` must be static (``KVCache(static=True)``): it stores the context's keys and values on
         the first call and serves them to every later one. ``rotate(t, start)``, for self-attention, turns the
         queries (..., H, L, d) and the new keys (..., Hkv, L, d), whose first token is at position ``start`` (the
@@ -482,7 +483,7 @@ class MultiHeadAttention:
         x = np.asarray(x)
         _check_input(x, self.d_model)
         check = lambda c: _check_context(np.asarray(c), x, self.d_model)
-        q, k, v, follows_cache = _heads_to_attend(self, x, context, cache, check, rotate)  # (..., H, L, d), (..., Hkv, S, d)
+        q, k, v, follows_cache = _heads_to_attend(self, x, context, cache, check, rotate)  # q (..., H, L, d)
         L, S = q.shape[-2], k.shape[-2]
         causal = _check_causal(causal, L, S, true="bottom-right" if follows_cache else "top-left")
         mask = _heads_mask(_NUMPY, mask, causal, x.shape[:-2], self.n_heads, L, S, q)
@@ -490,7 +491,6 @@ class MultiHeadAttention:
         out, weights = out if return_weights else (out, None)
         out = merge_heads(out) @ self.w_o  # (..., L, D)
         return (out, weights) if return_weights else out
-
 
 
 # --------------------------------------------------------------------------------------------------------------

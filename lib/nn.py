@@ -146,9 +146,9 @@ class TorchMultiHeadAttention(nn.Module):
         floating, added) is (..., L, S), shared by every head, or (..., 1 or H, L, S), per head; ``causal`` True
         aligns by position, top-left without a cache and bottom-right with one; ``cache`` a
         :class:`lib.decoding.KVCache`, static with ``context``; ``rotate(t, start)`` turns the queries and new keys
-        of self-attention by position (rotary embeddings) before the keys are cached. Without ``return_weights`` the attention is
-        ``scaled_dot_product_attention``; the weights, which it never returns, come from
-        :func:`lib.modules.grouped_attention`, dropped out while training like the output they mix.
+        of self-attention by position (rotary embeddings) before the keys are cached. Without ``return_weights``
+        the attention is ``scaled_dot_product_attention``; the weights, which it never returns, come from
+        :func:`lib.modules.grouped_attention`'s arithmetic, dropped out while training like the output they mix.
         """
         _check_torch_input(x, self.w_q, "x", "MultiHeadAttention")
         _check_input(x, self.d_model)
@@ -157,7 +157,7 @@ class TorchMultiHeadAttention(nn.Module):
             _check_torch_input(context, self.w_q, "context", "MultiHeadAttention")
             return _check_context(context, x, self.d_model)
 
-        q, k, v, follows_cache = _heads_to_attend(self, x, context, cache, check, rotate)  # (..., H, L, d), (..., Hkv, S, d)
+        q, k, v, follows_cache = _heads_to_attend(self, x, context, cache, check, rotate)  # q (..., H, L, d)
         L, S = q.shape[-2], k.shape[-2]
         offset = _check_causal(causal, L, S, true="bottom-right" if follows_cache else "top-left")
         p = self.dropout if self.training else 0.0
