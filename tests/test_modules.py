@@ -917,3 +917,25 @@ def test_sdpa_path_equals_the_grouped_arithmetic_for_any_cache_mask_and_alignmen
         got_w, _ = torch_mod(tx, tm, causal=causal, cache=t_cache, return_weights=True)
     np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got_w.numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_kv", [8, 2])
+def test_decode_chunks_and_masked_gqa_stay_off_the_math_kernel_on_cuda(n_kv):
+    # The cases chapter 9 teaches; before, a dense mask (with enable_gqa under GQA) sent them to the math kernel.
+    torch.manual_seed(0)
+    mod = TorchMultiHeadAttention(512, 8, n_kv, device="cuda", dtype=torch.float16).eval()
+    x = torch.randn(2, 256, 512, device="cuda", dtype=torch.float16)
+    cache = decoding.KVCache(256)
+    with torch.no_grad():
+        mod(x[:, :128], causal=True, cache=cache)
+        for name, call in [
+            ("chunk after a cache", lambda: mod(x[:, 128:192], causal=True, cache=cache)),
+            ("one-token decode step", lambda: mod(x[:, 192:193], causal=True, cache=cache)),
+            ("padding mask", lambda: mod(x, attn.padding_mask(torch.tensor([256, 100], device="cuda"), 256))),
+        ]:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                call()
+            ran = {e.name for e in prof.events() if e.name.startswith("aten::") and "attention" in e.name}
+            fused = {op for op in ran if "flash" in op or "efficient" in op or "cudnn" in op}
+            assert fused and not any("math" in op for op in ran), (name, ran)
