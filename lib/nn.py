@@ -1,4 +1,4 @@
-"""Attention as ``torch.nn`` modules (chapters 6 and 9): the torch twins of :mod:`lib.modules`' NumPy classes.
+"""Attention as ``torch.nn`` modules (chapters 6 and 9): the torch twins of :mod:`lib.modules`' NumPy classes::
 
     TorchSelfAttention        one head, trainable, dropout, any device and dtype                      chapter 6
     TorchMultiHeadAttention   h heads (grouped-query with n_kv_heads < n_heads), a KV cache, calling
