@@ -347,6 +347,24 @@ def test_cuda_half_precision_is_as_close_as_sdpa(shape, dtype, splits):
     assert a <= 2 * b + 1e-3, f"ours {a:.2e}, SDPA in {dtype} {b:.2e}"
 
 
+@needs_interpreter
+def test_the_decoding_benchmark_runs_end_to_end_in_the_interpreter(tmp_path):
+    # Its GPU timing cannot run here, but the rest can: every implementation against SDPA, the split count, the
+    # profiler's backend name and the CSV file.
+    table = tmp_path / "decode.csv"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_decode.py"), "--smoke", "--csv", str(table)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # --smoke sets it itself
+    result = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    assert "sdpa ran _scaled_dot_product_flash_attention_for_cpu" in result.stdout
+    rows = [line.split(",") for line in table.read_text().splitlines()]
+    assert rows[0] == ["device", "torch", "triton", "cuda", "date", "dtype", "B", "H", "Hkv", "d", "L", "S", "impl",
+                       "splits", "ms", "gb_per_s", "share_of_peak", "max_err"]
+    assert len(rows) == 1 + 2 * 4
+    by_impl = {(r[11], r[12]): r for r in rows[1:]}
+    assert by_impl[("200", "auto")][13] == "3"  # 200 keys, 64 at least per slice: 3 slices on an H100's rule
+    assert all(float(r[-1]) < 1e-5 for r in rows[1:])  # every implementation agrees with SDPA
+
+
 COMPILE_FOR_HOPPER = """
 import json
 import triton
