@@ -82,7 +82,7 @@ def _check_states(states):
             raise TypeError(f"state {i} must be a pair (out, lse), got {type(state).__name__}")
     named = {f"out{i}": s[0] for i, s in enumerate(states)} | {f"lse{i}": s[1] for i, s in enumerate(states)}
     ops = _backend(named)
-    out0, lse0 = states[0]
+    out0 = states[0][0]
     for i, (out, lse) in enumerate(states):
         if _shape(out)[:-1] != _shape(lse):
             raise ValueError(f"state {i}: out has shape {_shape(out)} (..., L, Ev) but lse has {_shape(lse)}, "

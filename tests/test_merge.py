@@ -1,5 +1,6 @@
 """lib.merge: attention states over parts of the keys, merged in any order and grouping, against SDPA over all keys."""
 
+import itertools
 import math
 
 import numpy as np
@@ -38,7 +39,7 @@ def partitions(draw, S):
     """Cut points splitting range(S) into consecutive parts, empty parts allowed."""
     cuts = sorted(draw(st.lists(st.integers(0, S), min_size=0, max_size=6)))
     edges = [0, *cuts, S]
-    return list(zip(edges[:-1], edges[1:]))
+    return list(itertools.pairwise(edges))
 
 
 @given(data=st.data(), S=st.integers(1, 24), L=st.integers(1, 5), causal=st.booleans(), seed=st.integers(0, 99))

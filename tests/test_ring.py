@@ -1,0 +1,217 @@
+"""lib.ring: ring and all-to-all attention on real gloo process groups, against autograd through SDPA.
+
+Starting processes costs seconds, so each world runs once for many cases (``lib.ring.run_cases``) and the tests
+read its results. Rendezvous goes through a file in a temporary folder, so parallel runs never share a port.
+"""
+
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from filelock import FileLock
+
+from lib import ring
+
+F64 = {"rtol": 1e-12, "atol": 1e-12}
+
+
+def inputs(B, H, N, E, Ev, seed, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, H, N, E, generator=gen).to(dtype) for _ in range(2))
+    v, dout = (torch.randn(B, H, N, Ev, generator=gen).to(dtype) for _ in range(2))
+    return {"q": q, "k": k, "v": v, "dout": dout}
+
+
+GOOD = [
+    (scheme, layout, causal)
+    for scheme, layout in (("ring", "contiguous"), ("ring", "zigzag"), ("ulysses", "contiguous"))
+    for causal in (False, True)
+]
+
+
+def good_cases(world, N, H, seed=0):
+    return [
+        {"scheme": s, "layout": lay, "causal": c, **inputs(2, H, N, 8, 6, seed + i)}
+        for i, (s, lay, c) in enumerate(GOOD)
+    ]
+
+
+def bad_cases(world):
+    """Inputs that must be refused on every rank with a clear error, never a hang."""
+    def per_rank(make):
+        return [make(r) for r in range(world)]
+
+    def t(*shape, dtype=torch.float32):
+        return torch.randn(*shape).to(dtype)
+
+    return [
+        ("unequal", {"scheme": "ring", "shards": per_rank(lambda r: (t(1, 2, 4 + 2 * r, 4),) * 3)}),
+        ("dtype", {"scheme": "ring", "shards": per_rank(
+            lambda r: (t(1, 2, 4, 4, dtype=torch.float32 if r == 0 else torch.float64),) * 3)}),
+        ("shape", {"scheme": "ring", "shards": per_rank(lambda r: (t(1, 2, 4, 4 + r),) * 3)}),
+        ("odd", {"scheme": "ring", "layout": "zigzag", "shards": per_rank(lambda r: (t(1, 2, 3, 4),) * 3)}),
+        ("heads", {"scheme": "ulysses", "shards": per_rank(lambda r: (t(1, 3, 4, 4),) * 3)}),
+        ("one rank", {"scheme": "ring", "shards": per_rank(
+            lambda r: (t(1, 2, 4, 4), t(1, 2, 4, 4 if r == 0 else 5), t(1, 2, 4, 4)))}),
+    ]
+
+
+def sdpa_reference(case):
+    q, k, v = (case[x].clone().requires_grad_() for x in ("q", "k", "v"))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=case["causal"])
+    out.backward(case["dout"])
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def run_two_ranks():
+    good = good_cases(2, N=16, H=4)
+    bad = bad_cases(2)
+    results = ring.launch(ring.run_cases, 2, good + [case for _, case in bad], timeout=90)
+    errors = dict(zip([name for name, _ in bad], zip(*[r[len(good):] for r in results])))
+    return errors, [r[: len(good)] for r in results]
+
+
+@pytest.fixture(scope="session")
+def two_ranks(tmp_path_factory, worker_id):
+    """The 2-rank world's results, computed once even when pytest-xdist spreads these tests over workers."""
+    good = good_cases(2, N=16, H=4)
+    if worker_id == "master":
+        return good, *run_two_ranks()
+    shared = tmp_path_factory.getbasetemp().parent
+    with FileLock(shared / "ring-two-ranks.lock"):
+        stored = shared / "ring-two-ranks.pt"
+        if not stored.exists():
+            torch.save(run_two_ranks(), stored)
+        return good, *torch.load(stored, weights_only=False)
+
+
+def assert_matches_sdpa(cases, per_rank, tol):
+    for i, case in enumerate(cases):
+        ranks = [r[i] for r in per_rank]
+        assert all("error" not in r for r in ranks), ranks[0].get("error")
+        ref = sdpa_reference(case)
+        layout = case["layout"]
+        for name in ("out", "dq", "dk", "dv"):
+            ours = ring.unshard([r[name] for r in ranks], layout)
+            what = f"{case['scheme']} {layout} causal={case['causal']}: {name}"
+            torch.testing.assert_close(ours, ref[name], **tol, msg=lambda m, w=what: f"{w}\n{m}")
+
+
+def test_two_ranks_forward_and_gradients_equal_autograd_through_sdpa(two_ranks):
+    good, _, per_rank = two_ranks
+    assert_matches_sdpa(good, per_rank, F64)
+
+
+def test_bytes_counted_in_the_run_match_the_formula(two_ranks):
+    good, _, per_rank = two_ranks
+    for i, case in enumerate(good):
+        B, H, N, E = case["q"].shape
+        Ev = case["v"].shape[-1]
+        kw = {"batch_heads": B * H, "E": E, "Ev": Ev, "itemsize": 8}
+        for r in per_rank:
+            assert r[i]["bytes_forward"] == ring.sent_bytes_per_rank(case["scheme"], N, 2, **kw)
+            total = r[i]["bytes_forward"] + r[i]["bytes_backward"]
+            assert total == ring.sent_bytes_per_rank(case["scheme"], N, 2, backward=True, **kw)
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("unequal", r"shards of unequal length: the ranks hold \[4, 6\] tokens"),
+        ("dtype", r"rank 1 has q \(1, 2, 4, 4\) torch.float64.* but rank 0 has q \(1, 2, 4, 4\) torch.float32"),
+        ("shape", r"rank 1 has q \(1, 2, 4, 5\)"),
+        ("odd", r"zigzag layout .* even number of tokens; got 3"),
+        ("heads", r"H must be a multiple of 2; got H=3"),
+    ],
+)
+def test_bad_shards_raise_the_same_clear_error_on_every_rank(two_ranks, name, message):
+    _, bad, _ = two_ranks
+    for result in bad[name]:
+        assert result["error"].startswith("ValueError: ")
+        assert __import__("re").search(message, result["error"]), result["error"]
+
+
+def test_a_rank_that_rejects_its_input_makes_the_others_raise_too(two_ranks):
+    _, bad, _ = two_ranks
+    mine, other = bad["one rank"]
+    assert "v has S=4 rows but k" not in mine["error"]
+    assert "k has E=4 but q has E=4" not in mine["error"]
+    assert other["error"].startswith("ValueError: ") and "E=5" in other["error"] or "rank 1" in other["error"]
+    assert "rank 1 rejected its shards" in mine["error"]
+
+
+def test_three_ranks_forward_and_gradients_equal_autograd_through_sdpa():
+    cases = good_cases(3, N=18, H=3, seed=10)
+    assert_matches_sdpa(cases, ring.launch(ring.run_cases, 3, cases, timeout=90), F64)
+
+
+def test_without_a_process_group_the_error_says_so():
+    assert not dist.is_initialized()
+    x = torch.zeros(1, 2, 4, 4)
+    with pytest.raises(RuntimeError, match="needs an initialised process group"):
+        ring.ring_attention(x, x, x)
+    with pytest.raises(RuntimeError, match="needs an initialised process group"):
+        ring.ulysses_attention(x, x, x)
+
+
+def fail_on_rank_one(rank, world_size):
+    if rank == 1:
+        raise ValueError("rank one fails on purpose")
+    dist.barrier()  # rank 0 would wait here for ever without the launcher's watch
+    return rank
+
+
+def test_a_failing_rank_raises_in_the_caller_instead_of_hanging():
+    with pytest.raises(RuntimeError, match=r"(?s)rank 1 of 2 failed first.*rank one fails on purpose"):
+        ring.launch(fail_on_rank_one, 2, timeout=60)
+
+
+def test_launch_refuses_workers_it_cannot_import():
+    with pytest.raises(ValueError, match="module-level function"):
+        ring.launch(lambda rank, world: rank, 2)
+
+
+@pytest.mark.parametrize("layout", ring.LAYOUTS)
+@pytest.mark.parametrize("P", [1, 2, 3, 4])
+def test_shard_and_unshard_are_inverse_and_cover_every_position_once(layout, P):
+    N = 4 * P
+    x = torch.arange(N * 3, dtype=torch.float32).reshape(1, N, 3)
+    parts = [ring.shard(x, r, P, layout) for r in range(P)]
+    assert all(p.shape == (1, N // P, 3) for p in parts)
+    assert torch.equal(ring.unshard(parts, layout), x)
+    assert sorted(torch.cat([ring.positions(N, r, P, layout) for r in range(P)]).tolist()) == list(range(N))
+
+
+def test_zigzag_holds_chunks_r_and_2p_minus_1_minus_r():
+    assert ring.positions(8, 0, 2, "zigzag").tolist() == [0, 1, 6, 7]
+    assert ring.positions(8, 1, 2, "zigzag").tolist() == [2, 3, 4, 5]
+    with pytest.raises(ValueError, match="cannot be split into 4 equal chunks"):
+        ring.shard(torch.zeros(6, 2), 0, 2, "zigzag")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        ring.positions(8, 0, 2, "striped")
+
+
+def critical_path(counts):
+    """Tiles on the critical path (each ring step waits for its slowest rank) over the ideal share total / P."""
+    P = len(counts[0])
+    total = sum(map(sum, counts))
+    return Fraction(sum(max(step) for step in counts) * P, total)
+
+
+@pytest.mark.parametrize("P, ratio", [(2, 1.49), (4, 1.74), (8, 1.86)])
+def test_causal_contiguous_ring_is_imbalanced_and_zigzag_is_not(P, ratio):
+    contiguous = ring.causal_tile_counts(4096, P, "contiguous", tile=64)
+    zigzag = ring.causal_tile_counts(4096, P, "zigzag", tile=64)
+    assert sum(map(sum, contiguous)) == sum(map(sum, zigzag)) == 64 * 65 // 2  # every tile on or below the diagonal
+    assert round(float(critical_path(contiguous)), 2) == ratio
+    assert critical_path(zigzag) == 1
+    slowest = max(range(P), key=lambda r: sum(step[r] for step in contiguous))
+    assert slowest == P - 1  # the last rank's queries see every key block
+    assert float(critical_path(contiguous)) < (2 * P - 1) / P
+
+
+def test_ring_skips_the_blocks_the_tile_count_skips():
+    assert ring.causal_tile_counts(8, 2, "contiguous", tile=4) == [[1, 1], [0, 1]]
+    assert ring.causal_tile_counts(8, 2, "zigzag", tile=2) == [[3, 3], [2, 2]]
