@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-from lib import ring  # noqa: E402
+from lib import ring
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -74,7 +74,7 @@ def run(scheme, layout, causal, q, k, v, dout, rank, P, device):
 def main():
     args = parse()
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
