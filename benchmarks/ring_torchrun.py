@@ -14,8 +14,8 @@ zigzag layouts, "ulysses") and each mask (causal and not) it runs the forward an
 rank's output and gradients on rank 0 and compares them with SDPA over the whole sequence on rank 0's device, the
 single-device result. It prints the largest differences, the median wall time of a forward + backward pass over
 ``--repeats`` runs after one warm-up (each run ends with a barrier, so the time is the slowest rank's), and the bytes each rank sent
-against :func:`lib.ring.sent_bytes_per_rank` (half precision is sent as float32, the dtype the ring
-computes in). Only rank 0 prints. This library's ring computes each block with
+against :func:`lib.ring.sent_bytes_per_rank` (the ring sends half precision as float32, the dtype
+it computes in; the all-to-alls send the caller's dtype). Only rank 0 prints. This library's ring computes each block with
 the matrix form of :mod:`lib.merge` in float32, so it shows the algorithm and its communication, not the speed of
 a fused kernel; compare schemes with each other, not with FlashAttention.
 """
@@ -50,6 +50,13 @@ def parse():
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--repeats", type=int, default=5)
     return p.parse_args()
+
+
+def sent_itemsize(scheme, dtype):
+    """Bytes per number on the wire: the ring sends its float32 compute copies of half-precision blocks."""
+    if scheme == "ring" and dtype in (torch.float16, torch.bfloat16):
+        return 4
+    return dtype.itemsize
 
 
 def gather(x, world_size):
@@ -118,7 +125,7 @@ def main():
                 errs = [float((a.float() - b.float()).abs().max()) for a, b in
                         zip(whole, [out.detach()] + [x.grad for x in ref])]
                 formula = ring.sent_bytes_per_rank(scheme, args.seq_len, P, batch_heads=args.batch * args.heads,
-                                                   E=args.head_dim, itemsize=4 if dtype != torch.float64 else 8,
+                                                   E=args.head_dim, itemsize=sent_itemsize(scheme, dtype),
                                                    backward=True)
                 name = f"{scheme} {layout}" if scheme == "ring" else scheme
                 print(f"{name:<18} {causal!s:<7} " + " ".join(f"{e:>10.2e}" for e in errs)
