@@ -77,6 +77,17 @@ def __getattr__(name):
                 name="triton",
             ) from None
         return flash_attention
+    if name == "flash_decode":  # split-KV decoding (chapter 10), imported on first use for the same reasons
+        try:
+            from lib.flash_decode import flash_decode
+        except ModuleNotFoundError as err:
+            if err.name != "triton":
+                raise
+            raise ModuleNotFoundError(
+                "flash_decode needs Triton: `pip install triton` (CUDA builds of PyTorch, and Colab, ship it)",
+                name="triton",
+            ) from None
+        return flash_decode
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # --------------------------------------------------------------------------------------------------------------

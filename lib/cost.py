@@ -51,3 +51,49 @@ def gpu(name: str) -> GPU:
     if name not in GPUS:
         raise ValueError(f"no rates for GPU {name!r}; known: {', '.join(GPUS)}")
     return GPUS[name]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Decoding (chapter 10): how many pieces to cut a long key cache into, so that one new token keeps a GPU busy.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def wave_efficiency(programs: int, sms: int) -> float:
+    """Share of the SMs' time doing work when ``programs`` equal programs run in waves of ``sms`` at a time.
+
+    One program per SM at a time: ``programs / sms`` waves, the last one possibly partial, so the chip is busy for
+    ``waves / ceil(waves)`` of the time. 8 programs on 132 SMs: 0.06; 132: 1.0; 133: about 0.5.
+    """
+    if programs < 1 or sms < 1:
+        raise ValueError(f"programs and sms must be at least 1, got {programs} and {sms}")
+    return (programs / sms) / -(-programs // sms)  # waves / ⌈waves⌉
+
+
+def choose_num_splits(programs: int, keys: int, sms: int, *, min_keys: int = 256, max_splits: int = 128,
+                      tolerance: float = 0.85) -> int:
+    """How many slices of the keys split-KV decoding should use (chapter 10).
+
+    ``programs`` is how many programs one slice needs (batch · key/value heads · query blocks), ``keys`` the cache
+    length S, ``sms`` the GPU's streaming multiprocessors. Rules, in order:
+
+    1. if ``programs`` already fill the SMs, one slice: splitting would only add a merge;
+    2. a slice holds at least ``min_keys`` keys (else each program does too little to pay for writing its partial
+       state and for the merge), and there are at most ``max_splits``: so at most ``min(max_splits, keys //
+       min_keys)`` slices, and at least 1;
+    3. among the counts allowed, the smallest whose wave efficiency (``wave_efficiency(programs · splits, sms)``) is
+       within ``tolerance`` of the best one: more slices than that add merge work and no busier SMs.
+
+    This is the rule of FlashAttention-2's ``num_splits_heuristic``, without its special cases.
+    """
+    import numbers
+
+    for name, n in (("programs", programs), ("keys", keys), ("sms", sms), ("min_keys", min_keys),
+                    ("max_splits", max_splits)):
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < (0 if name == "keys" else 1):
+            raise ValueError(f"{name} must be an integer >= {0 if name == 'keys' else 1}, got {n!r}")
+    if programs >= sms:
+        return 1
+    most = max(1, min(max_splits, keys // min_keys))
+    efficiency = {p: wave_efficiency(programs * p, sms) for p in range(1, most + 1)}
+    best = max(efficiency.values())
+    return min(p for p, e in efficiency.items() if e >= tolerance * best)
