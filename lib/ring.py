@@ -24,7 +24,6 @@ import datetime
 import math
 import os
 import pathlib
-import sys
 import tempfile
 import time
 import traceback
@@ -246,6 +245,8 @@ def sent_bytes_per_rank(scheme, N, world_size, *, batch_heads, E, Ev=None, items
     number. Ring forward: P-1 key/value blocks of n = N/P rows, (P-1) n (E+Ev) numbers per (batch, head). Ring
     backward: the P-1 key/value blocks again and P blocks of their gradients. Ulysses forward: all-to-alls of q, k,
     v and then of the output, each keeping 1/P of its shard at home, (P-1)/P n (2E + 2Ev); backward the same.
+    :func:`ring_attention` sends half precision as float32 (the dtype it computes in: pass ``itemsize=4``);
+    :func:`ulysses_attention` sends the caller's dtype.
     """
     Ev = E if Ev is None else Ev
     P = world_size
@@ -583,7 +584,8 @@ def launch(fn, world_size, *args, timeout=60.0, backend="gloo"):
 
     Each process joins a ``backend`` process group ("gloo" on CPUs; "nccl" gives rank r GPU r) through a file in a
     fresh temporary folder, so no port is fixed and parallel test runs cannot collide. Processes are spawned, so
-    ``fn`` must live in an importable module. Workers print nothing; their results come back through files, as a
+    ``fn`` must live in an importable module, and a script that calls ``launch`` must do so under
+    ``if __name__ == "__main__":`` (each new process imports the script again). Workers print nothing; their results come back through files, as a
     list in rank order. If a rank raises, its traceback is raised here as RuntimeError; if the ranks do not finish
     within ``timeout`` seconds (also each collective's timeout), they are stopped and RuntimeError is raised.
     """
@@ -670,6 +672,3 @@ def run_cases(rank, world_size, cases):
             results.append({"error": f"{type(err).__name__}: {err}"})
     return results
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("lib.ring is a library; see benchmarks/ring_torchrun.py for a script")

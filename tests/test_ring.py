@@ -213,3 +213,32 @@ def test_causal_contiguous_ring_is_imbalanced_and_zigzag_is_not(P, ratio):
 def test_ring_skips_the_blocks_the_tile_count_skips():
     assert ring.causal_tile_counts(8, 2, "contiguous", tile=4) == [[1, 1], [0, 1]]
     assert ring.causal_tile_counts(8, 2, "zigzag", tile=2) == [[3, 3], [2, 2]]
+
+
+def test_each_step_posts_the_next_blocks_transfer_before_computing(monkeypatch):
+    """The schedule, recorded in one process: a stand-in ring of 3 ranks whose transfers return the same block."""
+    events = []
+
+    def exchange(tensors, send_to, recv_from, group):
+        events.append("send")
+        return [], [t.clone() for t in tensors]
+
+    def computing(fn):
+        def wrapped(*args):
+            events.append("compute")
+            return fn(*args)
+        return wrapped
+
+    monkeypatch.setattr(ring, "_group_rank_size", lambda group, what: (0, 3))
+    monkeypatch.setattr(ring, "_validate", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ring, "_peer", lambda group, r: r)
+    monkeypatch.setattr(ring, "_exchange", exchange)
+    monkeypatch.setattr(ring, "_block_state", computing(ring._block_state))
+    monkeypatch.setattr(ring, "_block_grads", computing(ring._block_grads))
+    q = torch.randn(1, 6, 4, requires_grad=True)
+    out = ring.ring_attention(q, q, q)
+    assert events == ["send", "compute", "send", "compute", "compute"]
+    events.clear()
+    out.sum().backward()
+    # keys and values for the next step go out before the compute; the gradients follow it, one hop a step
+    assert events == ["send", "compute", "send", "send", "compute", "send", "compute", "send"]
