@@ -154,3 +154,16 @@ def test_bad_states_raise_clear_errors():
         merge_states([(out, lse), (out.numpy(), lse.numpy())])
     with pytest.raises(ValueError, match="E=3 but q has E=4"):
         attention_state(torch.ones(2, 4), torch.ones(3, 3), torch.ones(3, 2))
+
+
+@given(seed=st.integers(0, 99), causal=st.booleans())
+def test_numpy_states_with_masks_merge_to_the_library_attention(seed, causal):
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 7, 4)), rng.standard_normal((2, 7, 5))
+    mask = rng.random((3, 7)) < 0.6
+    states = [attention_state(q, k[:, a:b], v[:, a:b], mask[:, a:b], causal=False) for a, b in ((0, 3), (3, 7))]
+    out, lse = merge_states(states)
+    np.testing.assert_allclose(out, attn.attention(q, k, v, mask), rtol=1e-12, atol=1e-12)
+    whole_out, whole_lse = attention_state(q, k, v, mask, causal=causal)
+    np.testing.assert_allclose(whole_out, attn.attention(q, k, v, mask, causal=causal), rtol=1e-12, atol=1e-12)
+    assert not np.isnan(whole_lse).any() and not np.isnan(lse).any()
