@@ -468,16 +468,16 @@ def flash_decode_paged(q, caches, *, num_splits=None, scale=None):
     pool = caches[0].pool
     if any(c.pool is not pool for c in caches):
         raise ValueError("the caches must share one PagePool: the kernel reads a single pool of pages")
-    if pool.keys is None or any(len(c) == 0 for c in caches):
+    if pool.key_pages is None or any(len(c) == 0 for c in caches):
         raise ValueError("every cache needs at least one token: append before decoding")
-    if pool.keys.ndim != 4:
-        raise ValueError(f"the pool holds keys of shape {tuple(pool.keys.shape[1:])} per page; flash_decode_paged "
+    if pool.key_pages.ndim != 4:
+        raise ValueError(f"the pool holds keys of shape {tuple(pool.key_pages.shape[1:])} per page; flash_decode_paged "
                          "reads pages of (Hkv, page_size, E): append keys shaped (Hkv, l, E)")
     if not isinstance(q, torch.Tensor):
         _check_tensors("flash_decode_paged", {"q": q})
     if q.ndim == 4 and q.shape[0] != len(caches):
         raise ValueError(f"q has batch {q.shape[0]} but there are {len(caches)} caches: one per sequence")
-    K, V = pool.keys, pool.values  # (pages, Hkv, page_size, E), (pages, Hkv, page_size, Ev)
+    K, V = pool.key_pages, pool.value_pages  # (pages, Hkv, page_size, E), (pages, Hkv, page_size, Ev)
     _check_tensors("flash_decode_paged", {"q": q, "keys": K, "values": V})
     lengths = [len(c) for c in caches]
     # The heads' checks see k, v as (B, Hkv, S, E): the pool's page dimension stands in for the batch.

@@ -21,6 +21,8 @@ from torch.nn.attention.bias import causal_lower_right
 from lib import attention as attn
 from lib import cost
 from lib import flash_decode as fd
+from lib.decoding import KVCache
+from lib.paged import PagedKVCache, PagePool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEVICE = "cpu" if fd.INTERPRETED else "cuda"
@@ -158,6 +160,66 @@ def test_nothing_to_compute_gives_empty_answers():
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Reading a paged cache through its block table
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def paged_batch(lengths, page_size, Hkv=2, E=16, Ev=16, dtype=torch.float32, chunk=7):
+    """Sequences of the given lengths in one pool, appended in turns of ``chunk`` tokens so that their pages
+    interleave; with each sequence's keys and values as plain tensors (Hkv, S, E), (Hkv, S, Ev)."""
+    pool = PagePool(sum(-(-n // page_size) for n in lengths), page_size)
+    caches = [PagedKVCache(pool) for _ in lengths]
+    keys = [randn(Hkv, n, E, dtype=dtype, seed=10 + b) for b, n in enumerate(lengths)]
+    values = [randn(Hkv, n, Ev, dtype=dtype, seed=20 + b) for b, n in enumerate(lengths)]
+    for start in range(0, max(lengths), chunk):
+        for c, k, v in zip(caches, keys, values):
+            if start < k.shape[1]:
+                c.append(k[:, start : start + chunk], v[:, start : start + chunk])
+    return caches, keys, values
+
+
+@pytest.mark.parametrize("splits", [1, 3, None], ids=["splits1", "splits3", "default"])
+@pytest.mark.parametrize("page_size", [5, 16, 40])
+def test_paged_cache_is_read_through_its_block_table(page_size, splits):
+    # Pages of 5 (a tile spans several pages), 16 (one each) and 40 (a page spans several tiles); three sequences
+    # of different lengths whose pages interleave in the pool; 2 new queries each, 4 query heads per key head.
+    lengths = [57, 9, 64]
+    caches, keys, values = paged_batch(lengths, page_size)
+    assert any(b - a != 1 for c in caches for a, b in zip(c.block_table, c.block_table[1:]))  # not contiguous
+    q = randn(3, 8, 2, 16, seed=5)
+    out = fd.flash_decode_paged(q, caches, num_splits=splits)
+    assert out.shape == (3, 8, 2, 16)
+    for b in range(3):
+        expected = oracle(q[b : b + 1], keys[b][None], values[b][None])
+        torch.testing.assert_close(out[b : b + 1].double().cpu(), expected, rtol=1e-5, atol=2e-6)
+
+
+def test_paged_float16_and_a_single_cache():
+    caches, keys, values = paged_batch([50], 8, Hkv=1, E=32, Ev=32, dtype=torch.float16)
+    q = randn(1, 4, 1, 32, dtype=torch.float16)
+    out = fd.flash_decode_paged(q, caches[0], num_splits=2)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out, attn.flash_decode(q, keys[0][None], values[0][None], num_splits=2),
+                               rtol=0, atol=1e-3)
+
+
+def test_bad_paged_calls_are_named():
+    caches, _, _ = paged_batch([20, 10], 4)
+    q = randn(2, 4, 1, 16)
+    other, _, _ = paged_batch([5], 4)
+    with pytest.raises(ValueError, match="share one PagePool"):
+        fd.flash_decode_paged(q, [caches[0], other[0]])
+    with pytest.raises(ValueError, match="q has batch 2 but there are 1 caches"):
+        fd.flash_decode_paged(q, caches[:1])
+    with pytest.raises(TypeError, match="list of lib.paged.PagedKVCache"):
+        fd.flash_decode_paged(q, [KVCache(4)])
+    with pytest.raises(ValueError, match="L=12 new queries but the keys cover only S=10"):
+        fd.flash_decode_paged(q.expand(2, 4, 12, 16), caches)
+    with pytest.raises(ValueError, match="at least one token"):
+        fd.flash_decode_paged(q, [caches[0], PagedKVCache(caches[0].pool)])
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # The split-count rule (pure Python: no GPU, no Triton)
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -290,6 +352,8 @@ import json
 import triton
 from triton.backends.compiler import GPUTarget
 from lib import flash_decode as fd
+from lib.decoding import KVCache
+from lib.paged import PagedKVCache, PagePool
 
 POINTERS = {"Q", "K", "V", "O"}
 tiles = fd.GPU_TILES
