@@ -644,31 +644,39 @@ def run_cases(rank, world_size, cases):
 
     A case is a dict with ``scheme`` ("ring" or "ulysses"), ``causal``, ``layout`` (ring only) and the whole
     sequence's ``q``, ``k``, ``v`` and ``dout`` (the output's gradient); or ``shards``, a list of per-rank
-    ``(q, k, v)``, to pass inputs as they are. For each case it returns a dict with this rank's ``out``, ``dq``,
-    ``dk``, ``dv`` and the bytes it sent forward and backward, or ``error``: "TypeName: message" if the call raised.
+    ``(q, k, v)``, to pass inputs as they are. With ``ranks``, a list of global ranks, the case runs on a
+    subgroup of just those ranks (every rank creates the group; the others return None for it). For each case it
+    returns a dict with this rank's ``out``, ``dq``, ``dk``, ``dv`` and the bytes it sent forward and backward,
+    or ``error``: "TypeName: message" if the call raised.
     """
     results = []
     for case in cases:
+        group, me, size = None, rank, world_size
+        if "ranks" in case:
+            group = dist.new_group(case["ranks"])  # every rank must take part in creating it
+            if rank not in case["ranks"]:
+                results.append(None)
+                continue
+            me, size = case["ranks"].index(rank), len(case["ranks"])
         fn = ring_attention if case["scheme"] == "ring" else ulysses_attention
-        kwargs = {"causal": case.get("causal", False)}
+        kwargs = {"causal": case.get("causal", False), "group": group}
         layout = case.get("layout", "contiguous")
         if case["scheme"] == "ring":
             kwargs["layout"] = layout
         try:
             if "shards" in case:
-                q, k, v = case["shards"][rank]
+                q, k, v = case["shards"][me]
             else:
-                q, k, v = (shard(case[x], rank, world_size, layout) for x in ("q", "k", "v"))
+                q, k, v = (shard(case[x], me, size, layout) for x in ("q", "k", "v"))
             q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
             reset_bytes_sent()
             out = fn(q, k, v, **kwargs)
             forward_bytes = bytes_sent()
             reset_bytes_sent()
-            dout = shard(case["dout"], rank, world_size, layout) if "dout" in case else torch.ones_like(out)
+            dout = shard(case["dout"], me, size, layout) if "dout" in case else torch.ones_like(out)
             out.backward(dout)
             results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad,
                             "bytes_forward": forward_bytes, "bytes_backward": bytes_sent()})
         except (ValueError, TypeError, RuntimeError) as err:
             results.append({"error": f"{type(err).__name__}: {err}"})
     return results
-

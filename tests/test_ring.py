@@ -142,7 +142,14 @@ def test_a_rank_that_rejects_its_input_makes_the_others_raise_too(two_ranks):
 
 def test_three_ranks_forward_and_gradients_equal_autograd_through_sdpa():
     cases = good_cases(3, N=18, H=3, seed=10)
-    assert_matches_sdpa(cases, ring.launch(ring.run_cases, 3, cases, timeout=90), F64)
+    subgroup = [  # ranks 1 and 2 only: group ranks 0, 1 are global ranks 1, 2
+        {"scheme": s, "layout": lay, "causal": True, "ranks": [1, 2], **inputs(1, 2, 8, 4, 4, 20 + i)}
+        for i, (s, lay) in enumerate((("ring", "contiguous"), ("ring", "zigzag"), ("ulysses", "contiguous")))
+    ]
+    results = ring.launch(ring.run_cases, 3, cases + subgroup, timeout=90)
+    assert_matches_sdpa(cases, [r[: len(cases)] for r in results], F64)
+    assert all(r is None for r in results[0][len(cases):])  # rank 0 is not in the subgroup
+    assert_matches_sdpa(subgroup, [r[len(cases):] for r in results[1:]], F64)
 
 
 def test_without_a_process_group_the_error_says_so():
