@@ -1,11 +1,13 @@
 """lib.ring: ring and all-to-all attention on real gloo process groups, against autograd through SDPA.
 
-Starting processes costs seconds, so each world runs once for many cases (``lib.ring.run_cases``) and the tests
-read its results. Rendezvous goes through a file in a temporary folder, so parallel runs never share a port.
+Starting processes costs seconds, so one world of 3 ranks runs once for every case (``lib.ring.run_cases``: 2-rank
+cases on a group of two of its ranks) and the tests read its results. Rendezvous goes through a file in a temporary folder, so parallel runs never share a port.
 """
 
+import itertools
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -65,26 +67,45 @@ def sdpa_reference(case):
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
 
-def run_two_ranks():
-    good = good_cases(2, N=16, H=4)
-    bad = bad_cases(2)
-    results = ring.launch(ring.run_cases, 2, good + [case for _, case in bad], timeout=90)
-    errors = dict(zip([name for name, _ in bad], zip(*[r[len(good):] for r in results])))
-    return errors, [r[: len(good)] for r in results]
+SUBGROUP = (("ring", "contiguous"), ("ring", "zigzag"), ("ulysses", "contiguous"))
+
+
+def world_cases():
+    """Cases for one world of 3 ranks: 2-rank cases on the group of ranks 0 and 1, 3-rank cases on the whole
+    world, and cases on the group of global ranks 1 and 2 (group ranks 0 and 1), whose peers must be mapped."""
+    two = [dict(case, ranks=[0, 1]) for case in good_cases(2, N=16, H=4)]
+    bad = [(name, dict(case, ranks=[0, 1])) for name, case in bad_cases(2)]
+    three = good_cases(3, N=18, H=3, seed=10)
+    sub = [{"scheme": s, "layout": lay, "causal": True, "ranks": [1, 2], **inputs(1, 2, 8, 4, 4, 20 + i)}
+           for i, (s, lay) in enumerate(SUBGROUP)]
+    return two, bad, three, sub
+
+
+def run_world():
+    two, bad, three, sub = world_cases()
+    results = ring.launch(ring.run_cases, 3, two + [case for _, case in bad] + three + sub, timeout=120)
+    cut = np.cumsum([0, len(two), len(bad), len(three), len(sub)]).tolist()
+    part = [[r[a:b] for r in results] for a, b in itertools.pairwise(cut)]
+    return {
+        "two": part[0][:2],
+        "bad": dict(zip([name for name, _ in bad], zip(*part[1][:2]))),
+        "three": part[2],
+        "sub": part[3][1:],
+        "outside": part[3][0],
+    }
 
 
 @pytest.fixture(scope="session")
-def two_ranks(tmp_path_factory, worker_id):
-    """The 2-rank world's results, computed once even when pytest-xdist spreads these tests over workers."""
-    good = good_cases(2, N=16, H=4)
+def world(tmp_path_factory, worker_id):
+    """The 3-rank world's results, computed once even when pytest-xdist spreads these tests over workers."""
     if worker_id == "master":
-        return good, *run_two_ranks()
+        return run_world()
     shared = tmp_path_factory.getbasetemp().parent
-    with FileLock(shared / "ring-two-ranks.lock"):
-        stored = shared / "ring-two-ranks.pt"
+    with FileLock(shared / "ring-world.lock"):
+        stored = shared / "ring-world.pt"
         if not stored.exists():
-            torch.save(run_two_ranks(), stored)
-        return good, *torch.load(stored, weights_only=False)
+            torch.save(run_world(), stored)
+        return torch.load(stored, weights_only=False)
 
 
 def assert_matches_sdpa(cases, per_rank, tol):
@@ -99,21 +120,25 @@ def assert_matches_sdpa(cases, per_rank, tol):
             torch.testing.assert_close(ours, ref[name], **tol, msg=lambda m, w=what: f"{w}\n{m}")
 
 
-def test_two_ranks_forward_and_gradients_equal_autograd_through_sdpa(two_ranks):
-    good, _, per_rank = two_ranks
-    assert_matches_sdpa(good, per_rank, F64)
+def test_two_ranks_forward_and_gradients_equal_autograd_through_sdpa(world):
+    assert_matches_sdpa(world_cases()[0], world["two"], F64)
 
 
-def test_bytes_counted_in_the_run_match_the_formula(two_ranks):
-    good, _, per_rank = two_ranks
-    for i, case in enumerate(good):
+def test_bytes_counted_in_the_run_match_the_formula(world):
+    two, _, three, _ = world_cases()
+    for cases, per_rank, P in ((two, world["two"], 2), (three, world["three"], 3)):
+        check_bytes(cases, per_rank, P)
+
+
+def check_bytes(cases, per_rank, P):
+    for i, case in enumerate(cases):
         B, H, N, E = case["q"].shape
         Ev = case["v"].shape[-1]
         kw = {"batch_heads": B * H, "E": E, "Ev": Ev, "itemsize": 8}
         for r in per_rank:
-            assert r[i]["bytes_forward"] == ring.sent_bytes_per_rank(case["scheme"], N, 2, **kw)
+            assert r[i]["bytes_forward"] == ring.sent_bytes_per_rank(case["scheme"], N, P, **kw)
             total = r[i]["bytes_forward"] + r[i]["bytes_backward"]
-            assert total == ring.sent_bytes_per_rank(case["scheme"], N, 2, backward=True, **kw)
+            assert total == ring.sent_bytes_per_rank(case["scheme"], N, P, backward=True, **kw)
 
 
 @pytest.mark.parametrize(
@@ -126,30 +151,25 @@ def test_bytes_counted_in_the_run_match_the_formula(two_ranks):
         ("heads", r"H must be a multiple of 2; got H=3"),
     ],
 )
-def test_bad_shards_raise_the_same_clear_error_on_every_rank(two_ranks, name, message):
-    _, bad, _ = two_ranks
-    for result in bad[name]:
+def test_bad_shards_raise_the_same_clear_error_on_every_rank(world, name, message):
+    for result in world["bad"][name]:
         assert result["error"].startswith("ValueError: ")
         assert __import__("re").search(message, result["error"]), result["error"]
 
 
-def test_a_rank_that_rejects_its_input_makes_the_others_raise_too(two_ranks):
-    _, bad, _ = two_ranks
-    rank0, rank1 = bad["one rank"]  # only rank 1 passed keys with E=5
+def test_a_rank_that_rejects_its_input_makes_the_others_raise_too(world):
+    rank0, rank1 = world["bad"]["one rank"]  # only rank 1 passed keys with E=5
     assert rank1["error"] == "ValueError: k has E=5 but q has E=4"
     assert rank0["error"] == "ValueError: ring_attention: rank 1 rejected its shards (its own error says why)"
 
 
-def test_three_ranks_forward_and_gradients_equal_autograd_through_sdpa():
-    cases = good_cases(3, N=18, H=3, seed=10)
-    subgroup = [  # ranks 1 and 2 only: group ranks 0, 1 are global ranks 1, 2
-        {"scheme": s, "layout": lay, "causal": True, "ranks": [1, 2], **inputs(1, 2, 8, 4, 4, 20 + i)}
-        for i, (s, lay) in enumerate((("ring", "contiguous"), ("ring", "zigzag"), ("ulysses", "contiguous")))
-    ]
-    results = ring.launch(ring.run_cases, 3, cases + subgroup, timeout=90)
-    assert_matches_sdpa(cases, [r[: len(cases)] for r in results], F64)
-    assert all(r is None for r in results[0][len(cases):])  # rank 0 is not in the subgroup
-    assert_matches_sdpa(subgroup, [r[len(cases):] for r in results[1:]], F64)
+def test_three_ranks_forward_and_gradients_equal_autograd_through_sdpa(world):
+    assert_matches_sdpa(world_cases()[2], world["three"], F64)
+
+
+def test_a_subgroup_of_global_ranks_1_and_2_equals_sdpa(world):
+    assert all(r is None for r in world["outside"])  # rank 0 is not in the group
+    assert_matches_sdpa(world_cases()[3], world["sub"], F64)
 
 
 def test_without_a_process_group_the_error_says_so():
