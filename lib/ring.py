@@ -14,8 +14,10 @@ queries over all N keys, (..., n, Ev). The same code runs on gloo (CPU processes
 Layouts say which tokens a rank holds. ``"contiguous"``: rank r holds tokens [r n, (r+1) n). ``"zigzag"``: the
 sequence is cut into 2P chunks and rank r holds chunks r and 2P-1-r, so with a causal mask every rank has the same
 work. :func:`shard` and :func:`unshard` convert between a whole sequence and its shards. :func:`launch` starts P
-worker processes from a script or a notebook. Shapes as in :mod:`lib.attention`; masks are causal only (top-left,
-as ``is_causal=True``, over global positions).
+worker processes from a script or a notebook, and :func:`run_cases` is the worker that chapter 10 and the tests
+give it. :func:`sent_bytes_per_rank` is the formula for the bytes each scheme sends, which :func:`bytes_sent`
+counts as they go; :func:`causal_tile_counts` counts the causal work of each rank at each step. Shapes as in
+:mod:`lib.attention`; masks are causal only (top-left, as ``is_causal=True``, over global positions).
 """
 
 from __future__ import annotations
