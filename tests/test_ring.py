@@ -78,13 +78,17 @@ def world_cases():
     three = good_cases(3, N=18, H=3, seed=10)
     sub = [{"scheme": s, "layout": lay, "causal": True, "ranks": [1, 2], **inputs(1, 2, 8, 4, 4, 20 + i)}
            for i, (s, lay) in enumerate(SUBGROUP)]
-    return two, bad, three, sub
+    half = [{"scheme": s, "layout": lay, "causal": True, "ranks": [0, 1], **inputs(1, 2, 16, 8, 8, 30 + i,
+                                                                                    dtype=torch.bfloat16)}
+            for i, (s, lay) in enumerate(SUBGROUP)]
+    return two, bad, three, sub, half
 
 
 def run_world():
-    two, bad, three, sub = world_cases()
-    results = ring.launch(ring.run_cases, 3, two + [case for _, case in bad] + three + sub, timeout=120)
-    cut = np.cumsum([0, len(two), len(bad), len(three), len(sub)]).tolist()
+    two, bad, three, sub, half = world_cases()
+    cases = two + [case for _, case in bad] + three + sub + half
+    results = ring.launch(ring.run_cases, 3, cases, timeout=120)
+    cut = np.cumsum([0, len(two), len(bad), len(three), len(sub), len(half)]).tolist()
     part = [[r[a:b] for r in results] for a, b in itertools.pairwise(cut)]
     return {
         "two": part[0][:2],
@@ -92,6 +96,7 @@ def run_world():
         "three": part[2],
         "sub": part[3][1:],
         "outside": part[3][0],
+        "half": part[4][:2],
     }
 
 
@@ -125,7 +130,7 @@ def test_two_ranks_forward_and_gradients_equal_autograd_through_sdpa(world):
 
 
 def test_bytes_counted_in_the_run_match_the_formula(world):
-    two, _, three, _ = world_cases()
+    two, _, three, _, _ = world_cases()
     for cases, per_rank, P in ((two, world["two"], 2), (three, world["three"], 3)):
         check_bytes(cases, per_rank, P)
 
@@ -170,6 +175,18 @@ def test_three_ranks_forward_and_gradients_equal_autograd_through_sdpa(world):
 def test_a_subgroup_of_global_ranks_1_and_2_equals_sdpa(world):
     assert all(r is None for r in world["outside"])  # rank 0 is not in the group
     assert_matches_sdpa(world_cases()[3], world["sub"], F64)
+
+
+def test_bfloat16_shards_keep_their_dtype_and_match_sdpa_in_float64(world):
+    half = world_cases()[4]
+    for i, case in enumerate(half):
+        ranks = [r[i] for r in world["half"]]
+        assert all(r[name].dtype == torch.bfloat16 for r in ranks for name in ("out", "dq", "dk", "dv"))
+        wide = {x: case[x].double() for x in ("q", "k", "v", "dout")}
+        ref = sdpa_reference({**case, **wide})
+        for name in ("out", "dq", "dk", "dv"):
+            ours = ring.unshard([r[name] for r in ranks], case["layout"]).double()
+            torch.testing.assert_close(ours, ref[name], rtol=2e-2, atol=2e-2)
 
 
 def test_without_a_process_group_the_error_says_so():
