@@ -97,3 +97,13 @@ def choose_num_splits(programs: int, keys: int, sms: int, *, min_keys: int = 256
     efficiency = {p: wave_efficiency(programs * p, sms) for p in range(1, most + 1)}
     best = max(efficiency.values())
     return min(p for p, e in efficiency.items() if e >= tolerance * best)
+
+
+def decode_bytes(batch: int, kv_heads: int, keys: int, E: int, Ev: int, bytes_per_number: int) -> int:
+    """Bytes of keys and values one decoding step must read from HBM at least: each cached key and value once.
+
+    batch · kv_heads · keys · (E + Ev) · bytes_per_number. The queries and outputs (a few rows per head) are left
+    out: at decoding sizes they are a fraction of a percent. Divided by ``gpu(...).hbm_bytes_per_s`` it gives the
+    least time the step can take, a prediction; divided by a measured time, the bandwidth achieved.
+    """
+    return batch * kv_heads * keys * (E + Ev) * bytes_per_number
