@@ -263,17 +263,22 @@ def sent_bytes_per_rank(scheme, N, world_size, *, batch_heads, E, Ev=None, items
 
 
 def _exchange(tensors, send_to, recv_from, group):
-    """Post sends of ``tensors`` to ``send_to`` and receives of as many from ``recv_from``; return (requests, buffers)."""
+    """Post sends of ``tensors`` to ``send_to`` and receives of as many from ``recv_from``.
+
+    Returns (transfer, buffers): pass ``transfer`` to :func:`_wait`; the buffers hold what arrives once it has.
+    The transfer keeps the sent tensors referenced, so none is freed while its send is in flight.
+    """
     tensors = [t.contiguous() for t in tensors]
     buffers = [torch.empty_like(t) for t in tensors]
     ops = [dist.P2POp(dist.isend, t, send_to, group) for t in tensors]
     ops += [dist.P2POp(dist.irecv, b, recv_from, group) for b in buffers]
     requests = dist.batch_isend_irecv(ops)
     _SENT["bytes"] += sum(t.numel() * t.element_size() for t in tensors)
-    return requests, buffers
+    return (requests, tensors), buffers
 
 
-def _wait(requests):
+def _wait(transfer):
+    requests, _sent = transfer  # the sent tensors stay referenced until here
     for request in requests:
         request.wait()
 

@@ -265,7 +265,7 @@ def test_each_step_posts_the_next_blocks_transfer_before_computing(monkeypatch):
 
     def exchange(tensors, send_to, recv_from, group):
         events.append("send")
-        return [], [t.clone() for t in tensors]
+        return ([], tensors), [t.clone() for t in tensors]
 
     def computing(fn):
         def wrapped(*args):
