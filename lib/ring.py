@@ -16,7 +16,8 @@ sequence is cut into 2P chunks and rank r holds chunks r and 2P-1-r, so with a c
 work. :func:`shard` and :func:`unshard` convert between a whole sequence and its shards. :func:`launch` starts P
 worker processes from a script or a notebook, and :func:`run_cases` is the worker that chapter 10 and the tests
 give it. :func:`sent_bytes_per_rank` is the formula for the bytes each scheme sends, which :func:`bytes_sent`
-counts as they go; :func:`causal_tile_counts` counts the causal work of each rank at each step. Shapes as in
+counts as they go; :func:`causal_tile_counts` counts the causal work of each rank at each step, and
+:func:`hiding_block` predicts how long a block must be for its compute to hide its transfer. Shapes as in
 :mod:`lib.attention`; masks are causal only (top-left, as ``is_causal=True``, over global positions).
 """
 
@@ -39,6 +40,7 @@ __all__ = [
     "LAYOUTS",
     "bytes_sent",
     "causal_tile_counts",
+    "hiding_block",
     "launch",
     "positions",
     "reset_bytes_sent",
@@ -260,6 +262,26 @@ def sent_bytes_per_rank(scheme, N, world_size, *, batch_heads, E, Ev=None, items
     else:
         raise ValueError(f"scheme must be 'ring' or 'ulysses', got {scheme!r}")
     return rows * batch_heads * itemsize
+
+
+# NVLink between the SXM parts, one direction (NVIDIA's datasheets give both directions together: 900 GB/s for the
+# H100 and H200, 600 GB/s for the A100). The T4 has none.
+NVLINK_BYTES_PER_S = {"H100": 450e9, "H200": 450e9, "A100": 300e9}
+
+
+def hiding_block(gpu_name):
+    """Tokens per rank above which a ring step's compute outlasts its transfer, at datasheet rates (chapter 10).
+
+    One step, per head: the block's attention, 4 n² E FLOPs on the tensor cores (two matrix products, no mask),
+    against passing its keys and values on, 2 n E numbers of 2 bytes (bfloat16) over NVLink in one direction. The
+    two take equal time at n = FLOPs per second / link bytes per second, whatever E and the head count; a causal
+    step that computes half a block needs twice that. A prediction from datasheet rates, not a measurement.
+    """
+    from lib import cost
+
+    if gpu_name not in NVLINK_BYTES_PER_S:
+        raise ValueError(f"no NVLink rate for {gpu_name!r}; known: {', '.join(NVLINK_BYTES_PER_S)}")
+    return cost.gpu(gpu_name).tensor_flops / NVLINK_BYTES_PER_S[gpu_name]
 
 
 def _exchange(tensors, send_to, recv_from, group):

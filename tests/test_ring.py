@@ -286,3 +286,14 @@ def test_each_step_posts_the_next_blocks_transfer_before_computing(monkeypatch):
     out.sum().backward()
     # keys and values for the next step go out before the compute; the gradients follow it, one hop a step
     assert events == ["send", "compute", "send", "send", "compute", "send", "compute", "send"]
+
+
+def test_hiding_block_is_flops_over_link_bandwidth():
+    # 4 n^2 E FLOPs at F per second against 2 n E numbers of 2 bytes at B per second: equal at n = F / B
+    F_h100, B_h100 = 989.4e12, 450e9
+    n = ring.hiding_block("H100")
+    assert n == pytest.approx(F_h100 / B_h100)
+    E = 128
+    assert 4 * n**2 * E / F_h100 == pytest.approx(2 * n * E * 2 / B_h100)
+    with pytest.raises(ValueError, match="no NVLink rate for 'T4'"):
+        ring.hiding_block("T4")
