@@ -5,6 +5,7 @@ cases on a group of two of its ranks) and the tests read its results. Rendezvous
 """
 
 import itertools
+import time
 from fractions import Fraction
 
 import numpy as np
@@ -208,6 +209,17 @@ def fail_on_rank_one(rank, world_size):
 def test_a_failing_rank_raises_in_the_caller_instead_of_hanging():
     with pytest.raises(RuntimeError, match=r"(?s)rank 1 of 2 failed first.*rank one fails on purpose"):
         ring.launch(fail_on_rank_one, 2, timeout=60)
+
+
+def sleep_for_a_minute(rank, world_size):
+    time.sleep(60)  # a rank that hangs, as one blocked in a collective would
+
+
+def test_a_hanging_rank_is_stopped_at_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"ranks \[0\] of 1 did not finish within 3 s and were stopped"):
+        ring.launch(sleep_for_a_minute, 1, timeout=3)
+    assert time.monotonic() - start < 20
 
 
 def test_launch_refuses_workers_it_cannot_import():
