@@ -1,0 +1,123 @@
+"""The attention state (out, lse) of a block of keys, and the one merge that combines such states (chapter 10).
+
+Chapter 7's online softmax keeps, for each query row, a running maximum m, a running total l of exp(score - m) and
+an accumulator of exp(score - m) v. Divide the accumulator by l and fold m and l into one number, the row's
+logsumexp lse = m + log l, and the pair (out, lse) says everything a later step needs about the keys seen so far:
+
+    out (..., L, Ev)   the normalised attention output over those keys alone
+    lse (..., L)       log sum_j exp(score_j), natural log; -inf for a row that may attend none of them
+
+Two states over disjoint sets of keys merge into the state over their union: lse = logaddexp(lse_a, lse_b) and
+out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b, a convex combination. Split-KV decoding merges across kernel
+programs, ring attention across processes, both with this rule. Shapes as in :mod:`lib.attention`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from lib.backend import (
+    _NUMPY,
+    _apply_mask,
+    _backend,
+    _causal_pattern,
+    _check_flag,
+    _compute_dtype,
+    _prepare,
+    _shape,
+)
+
+__all__ = ["attention_state", "merge_states"]
+
+
+def _log(ops, x):
+    if ops is _NUMPY:
+        with np.errstate(divide="ignore"):  # log(0) = -inf is the empty row's lse, on purpose
+            return np.log(x)
+    return ops.torch.log(x)
+
+
+def _lse_dtype(ops, dtype):
+    """The logsumexp of half-precision input stays float32, as kernels store it: bf16 would round it by 0.4%."""
+    return _compute_dtype(ops, dtype)
+
+
+def attention_state(q, k, v, mask=None, *, causal=False, scale=None):
+    """The attention state of q over the keys k, v: (out (..., L, Ev), lse (..., L)) (chapter 10).
+
+    ``out`` is attention(q, k, v) over these keys alone, in the caller's dtype; ``lse`` is each row's natural-log
+    logsumexp of its allowed scores, log sum_j exp(score_j), in float32 for half-precision input and the caller's
+    dtype otherwise. A row with no allowed key (all masked, or S = 0) gets zeros and lse = -inf, which the merge
+    treats as "no keys". ``mask``: boolean, True where a query may attend a key (as SDPA; the opposite of
+    ``nn.MultiheadAttention``), or floating, added to the scores. ``causal=True`` lets query i attend keys j <= i.
+    """
+    ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale)
+    _check_flag(causal, "causal")
+    scores = (q * scale) @ k.swapaxes(-1, -2)  # (..., L, S)
+    allowed = _causal_pattern(ops, range(L), range(S), q) if causal else None
+    scores = _apply_mask(ops, scores, mask, allowed)
+    if S:
+        m = ops.amax(scores, -1)  # (..., L, 1)
+    else:
+        m = ops.full(_shape(scores)[:-1] + (1,), -math.inf, scores)
+    shift = ops.where(m == -math.inf, 0.0, m)  # an empty row shifts by 0, so -inf - -inf never makes NaN
+    e = ops.exp(scores - shift)  # (..., L, S)
+    total = ops.sum(e, -1)  # (..., L, 1)
+    out = (e @ v) / ops.where(total == 0, 1.0, total)  # (..., L, Ev)
+    lse = (shift + _log(ops, total))[..., 0]  # (..., L); log 0 = -inf where no key was allowed
+    lse = ops.where(m[..., 0] == -math.inf, -math.inf, lse)
+    out = ops.astype(ops.broadcast_to(out, batch + (L,) + _shape(v)[-1:]), out_dtype)
+    lse = ops.astype(ops.broadcast_to(lse, batch + (L,)), _lse_dtype(ops, out_dtype))
+    return out, lse
+
+
+def _check_states(states):
+    states = list(states)
+    if not states:
+        raise ValueError("merge_states needs at least one (out, lse) state, got none")
+    for i, state in enumerate(states):
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise TypeError(f"state {i} must be a pair (out, lse), got {type(state).__name__}")
+    named = {f"out{i}": s[0] for i, s in enumerate(states)} | {f"lse{i}": s[1] for i, s in enumerate(states)}
+    ops = _backend(named)
+    out0 = states[0][0]
+    for i, (out, lse) in enumerate(states):
+        if _shape(out)[:-1] != _shape(lse):
+            raise ValueError(f"state {i}: out has shape {_shape(out)} (..., L, Ev) but lse has {_shape(lse)}, "
+                             "expected (..., L)")
+        if _shape(out) != _shape(out0):
+            raise ValueError(f"state {i} has out of shape {_shape(out)} but state 0 has {_shape(out0)}: "
+                             "states to merge must cover the same queries")
+    return ops, states
+
+
+def merge_states(states):
+    """Merge attention states over disjoint sets of keys into the state over all of them (chapter 10).
+
+    ``states`` is an iterable of pairs (out (..., L, Ev), lse (..., L)) as :func:`attention_state` returns; any
+    order and grouping give the same result, since a merged state is a state again. The new lse is a
+    logaddexp taken against the largest lse, so no exponential exceeds 1 and gaps of hundreds stay finite;
+    each out is weighted by exp(lse_i - lse), a weight in [0, 1]. A part with lse = -inf (no keys) gets weight 0;
+    a row where no part had a key gets zeros and lse = -inf, never NaN. Half precision is merged in float32 and
+    returned in its own dtype; lse comes back in the dtype of the inputs' lse.
+    """
+    ops, states = _check_states(states)
+    outs = [s[0] for s in states]
+    lses = [s[1] for s in states]
+    out_dtype = outs[0].dtype
+    lse_dtype = lses[0].dtype
+    cdtype = _compute_dtype(ops, out_dtype)
+    lse_c = ops.stack([ops.astype(x, _compute_dtype(ops, lse_dtype)) for x in lses], 0)  # (P, ..., L)
+    top = ops.amax(lse_c, 0)  # (1, ..., L)
+    top = ops.where(top == -math.inf, 0.0, top)  # every part empty: take 0 so -inf - -inf is never formed
+    weights = ops.exp(lse_c - top)  # (P, ..., L), each at most 1
+    total = ops.sum(weights, 0)  # (1, ..., L); 0 only where every part was empty
+    lse = (top + _log(ops, total))[0]  # (..., L)
+    weights = weights / ops.where(total == 0, 1.0, total)  # exp(lse_i - lse), 0 for an empty part
+    out = None
+    for w, o in zip(weights, outs):
+        term = ops.astype(w, cdtype)[..., None] * ops.astype(o, cdtype)  # (..., L, Ev)
+        out = term if out is None else out + term
+    return ops.astype(out, out_dtype), ops.astype(lse, lse_dtype)

@@ -1,0 +1,711 @@
+"""Attention across processes (chapter 10): ring attention and all-to-all ("Ulysses") on ``torch.distributed``.
+
+A sequence of N tokens is split over the P ranks of a process group; each rank holds one shard of n = N/P query,
+key and value rows, q (..., n, E), k (..., n, E), v (..., n, Ev), and gets back the attention output of its own
+queries over all N keys, (..., n, Ev). The same code runs on gloo (CPU processes, as in CI) and NCCL (one GPU a rank).
+
+- :func:`ring_attention` passes key/value blocks around the ring of ranks; each rank merges the attention state
+  (:mod:`lib.merge`) of its queries over each block as it arrives. The next block's send and receive are posted
+  before the current block is computed, so the transfer can hide behind the compute. Its backward pass is a second
+  ring in which each block's key/value gradients travel with it and arrive back at the rank that owns the block.
+- :func:`ulysses_attention` re-shards instead: one all-to-all turns sequence shards of all heads into the whole
+  sequence for H/P heads, each rank attends locally, and a second all-to-all turns the result back.
+
+Layouts say which tokens a rank holds. ``"contiguous"``: rank r holds tokens [r n, (r+1) n). ``"zigzag"``: the
+sequence is cut into 2P chunks and rank r holds chunks r and 2P-1-r, so with a causal mask every rank has the same
+work. :func:`shard` and :func:`unshard` convert between a whole sequence and its shards. :func:`launch` starts P
+worker processes from a script or a notebook, and :func:`run_cases` is the worker that chapter 10 and the tests
+give it. :func:`sent_bytes_per_rank` is the formula for the bytes each scheme sends, which :func:`bytes_sent`
+counts as they go; :func:`causal_tile_counts` counts the causal work of each rank at each step, and
+:func:`hiding_block` predicts how long a block must be for its compute to hide its transfer. Shapes as in
+:mod:`lib.attention`; masks are causal only (top-left, as ``is_causal=True``, over global positions).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import pathlib
+import tempfile
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from lib.merge import attention_state, merge_states
+
+__all__ = [
+    "LAYOUTS",
+    "bytes_sent",
+    "causal_tile_counts",
+    "hiding_block",
+    "launch",
+    "positions",
+    "reset_bytes_sent",
+    "ring_attention",
+    "run_cases",
+    "sent_bytes_per_rank",
+    "shard",
+    "ulysses_attention",
+    "unshard",
+]
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Layouts: which global positions each rank holds
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _check_layout(layout):
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def _check_split(N, world_size, layout):
+    _check_layout(layout)
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    parts = world_size if layout == "contiguous" else 2 * world_size
+    if N % parts:
+        raise ValueError(
+            f"a sequence of {N} tokens cannot be split into {parts} equal chunks for the {layout!r} layout "
+            f"over {world_size} ranks: make the length a multiple of {parts}"
+        )
+    return N // world_size
+
+
+def _runs(n, rank, world_size, layout):
+    """The contiguous runs of a rank's n tokens: (local slice, first global position) for each."""
+    if layout == "contiguous":
+        return [(slice(0, n), rank * n)]
+    h = n // 2
+    return [(slice(0, h), rank * h), (slice(h, n), (2 * world_size - 1 - rank) * h)]
+
+
+def positions(N, rank, world_size, layout="contiguous"):
+    """The global positions (n,) of the tokens rank ``rank`` holds when N tokens are split over ``world_size``."""
+    n = _check_split(N, world_size, layout)
+    return torch.cat([torch.arange(start, start + s.stop - s.start) for s, start in _runs(n, rank, world_size, layout)])
+
+
+def shard(x, rank, world_size, layout="contiguous"):
+    """Rank ``rank``'s shard (..., N/P, E) of a whole sequence x (..., N, E), split along the token dim -2."""
+    return x[..., positions(x.shape[-2], rank, world_size, layout), :]  # (..., n, E)
+
+
+def unshard(shards, layout="contiguous"):
+    """The whole sequence (..., N, E) from the list of every rank's shard (..., n, E), in rank order."""
+    shards = list(shards)
+    P = len(shards)
+    lengths = {s.shape[-2] for s in shards}
+    if len(lengths) != 1:
+        raise ValueError(f"shards of unequal length: {[s.shape[-2] for s in shards]} tokens")
+    N = P * lengths.pop()
+    whole = torch.cat(shards, dim=-2)  # (..., N, E) in rank order
+    order = torch.cat([positions(N, r, P, layout) for r in range(P)])
+    return whole[..., torch.argsort(order), :]  # (..., N, E) in sequence order
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Input checks: on this rank, then across ranks
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _group_rank_size(group, what):
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            f"{what} needs an initialised process group: call torch.distributed.init_process_group() on every "
+            "rank first (lib.ring.launch does it for you)"
+        )
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _peer(group, r):
+    return r if group is None else dist.get_global_rank(group, r)
+
+
+def _check_local(q, k, v, causal, what):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{what} takes torch tensors; {name} is a {type(x).__name__}")
+        if x.ndim < 2:
+            raise ValueError(f"{name} must have shape (..., n, E), at least 2-D; got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} has dtype {x.dtype}; {what} needs floating-point tensors")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {type(causal).__name__}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k has E={k.shape[-1]} but q has E={q.shape[-1]}")
+    if not (q.shape[-2] == k.shape[-2] == v.shape[-2]):
+        raise ValueError(
+            f"q, k and v must hold the same tokens of one sequence: they have {q.shape[-2]}, {k.shape[-2]} and "
+            f"{v.shape[-2]} rows"
+        )
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(f"q, k and v must have the same batch dims, got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_MAX_DIMS = 8
+
+
+def _signature(tensors):
+    """One int64 row describing the tensors' shapes and dtypes, for comparison across ranks."""
+    row = []
+    for x in tensors:
+        if x.ndim > _MAX_DIMS:
+            raise ValueError(f"at most {_MAX_DIMS} dims are supported, got {x.ndim}")
+        row += [x.ndim, *x.shape, *([-1] * (_MAX_DIMS - x.ndim)), _DTYPES.index(x.dtype) if x.dtype in _DTYPES else -2]
+    return torch.tensor(row, dtype=torch.int64, device=tensors[0].device)
+
+
+def _describe(row, names):
+    width = _MAX_DIMS + 2
+    parts = []
+    for i, name in enumerate(names):
+        cell = row[i * width : (i + 1) * width]
+        dims, dtype = cell[1 : 1 + cell[0]], cell[-1]
+        kind = _DTYPES[dtype] if dtype >= 0 else "another dtype"
+        parts.append(f"{name} {tuple(dims)} {kind}")
+    return ", ".join(parts)
+
+
+def _validate(q, k, v, causal, group, world_size, what, local=None):
+    """Check this rank's shards, then compare every rank's: any problem raises on every rank, never a hang.
+
+    A rank that raised alone would leave the others blocked in their first send until the timeout, so each rank
+    first shares whether its own checks passed and the shapes and dtypes of its shards, then all decide together.
+    """
+    error = None
+    try:
+        _check_local(q, k, v, causal, what)
+        if local is not None:
+            local(q, k, v)
+        mine = _signature([q, k, v])
+    except (TypeError, ValueError) as err:
+        error = err
+        like = q if isinstance(q, torch.Tensor) else torch.empty(0)
+        mine = torch.full((3 * (_MAX_DIMS + 2),), -3, dtype=torch.int64, device=like.device)
+    rows = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(rows, mine, group=group)
+    rows = [r.tolist() for r in rows]
+    if error is not None:
+        raise error
+    bad = [r for r, row in enumerate(rows) if row[0] == -3]
+    if bad:
+        raise ValueError(f"{what}: rank {bad[0]} rejected its shards (its own error says why)")
+    if all(row == rows[0] for row in rows):
+        return
+    width = _MAX_DIMS + 2
+    tokens = [row[1 + row[0] - 2] for row in rows]  # each rank's n, dim -2 of q
+
+    def without_tokens(row):
+        row = list(row)
+        for i in range(3):
+            cell = row[i * width : (i + 1) * width]
+            row[i * width + 1 + cell[0] - 2] = 0
+        return row
+
+    if len(set(tokens)) > 1 and all(without_tokens(row) == without_tokens(rows[0]) for row in rows):
+        raise ValueError(f"{what}: shards of unequal length: the ranks hold {tokens} tokens; every rank must hold "
+                         "the same number (split a sequence whose length is a multiple of the chunk count)")
+    r = next(r for r, row in enumerate(rows) if row != rows[0])
+    raise ValueError(
+        f"{what}: rank {r} has {_describe(rows[r], ('q', 'k', 'v'))} but rank 0 has "
+        f"{_describe(rows[0], ('q', 'k', 'v'))}; every rank must pass shards of the same shapes and dtype"
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bytes on the wire, counted as they are sent
+# --------------------------------------------------------------------------------------------------------------
+
+_SENT = {"bytes": 0}
+
+
+def bytes_sent():
+    """Bytes this process has sent to other ranks through this module since :func:`reset_bytes_sent`."""
+    return _SENT["bytes"]
+
+
+def reset_bytes_sent():
+    """Set this process's count of bytes sent back to 0."""
+    _SENT["bytes"] = 0
+
+
+def sent_bytes_per_rank(scheme, N, world_size, *, batch_heads, E, Ev=None, itemsize=4, backward=False):
+    """Bytes one rank sends in one call of ``scheme`` ("ring" or "ulysses"), from the formula (chapter 10).
+
+    N tokens over P ranks, ``batch_heads`` = the product of the batch dims (batch x heads), ``itemsize`` bytes a
+    number. Ring forward: P-1 key/value blocks of n = N/P rows, (P-1) n (E+Ev) numbers per (batch, head). Ring
+    backward: the P-1 key/value blocks again and P blocks of their gradients. Ulysses forward: all-to-alls of q, k,
+    v and then of the output, each keeping 1/P of its shard at home, (P-1)/P n (2E + 2Ev); backward the same.
+    :func:`ring_attention` sends half precision as float32 (the dtype it computes in: pass ``itemsize=4``);
+    :func:`ulysses_attention` sends the caller's dtype.
+    """
+    Ev = E if Ev is None else Ev
+    P = world_size
+    n = N // P
+    if scheme == "ring":
+        rows = (P - 1) * n * (E + Ev) + (((P - 1) + P) * n * (E + Ev) if backward and P > 1 else 0)
+    elif scheme == "ulysses":
+        rows = (P - 1) * n * (2 * E + 2 * Ev) // P * (2 if backward else 1)
+    else:
+        raise ValueError(f"scheme must be 'ring' or 'ulysses', got {scheme!r}")
+    return rows * batch_heads * itemsize
+
+
+# NVLink between the SXM parts, one direction (NVIDIA's datasheets give both directions together: 900 GB/s for the
+# H100 and H200, 600 GB/s for the A100). The T4 has none.
+NVLINK_BYTES_PER_S = {"H100": 450e9, "H200": 450e9, "A100": 300e9}
+
+
+def hiding_block(gpu_name):
+    """Tokens per rank above which a ring step's compute outlasts its transfer, at datasheet rates (chapter 10).
+
+    One step, per head: the block's attention, 4 n² E FLOPs on the tensor cores (two matrix products, no mask),
+    against passing its keys and values on, 2 n E numbers of 2 bytes (bfloat16) over NVLink in one direction. The
+    two take equal time at n = FLOPs per second / link bytes per second, whatever E and the head count; a causal
+    step that computes half a block needs twice that. A prediction from datasheet rates, not a measurement.
+    """
+    from lib import cost
+
+    if gpu_name not in NVLINK_BYTES_PER_S:
+        raise ValueError(f"no NVLink rate for {gpu_name!r}; known: {', '.join(NVLINK_BYTES_PER_S)}")
+    return cost.gpu(gpu_name).tensor_flops / NVLINK_BYTES_PER_S[gpu_name]
+
+
+def _exchange(tensors, send_to, recv_from, group):
+    """Post sends of ``tensors`` to ``send_to`` and receives of as many from ``recv_from``.
+
+    Returns (transfer, buffers): pass ``transfer`` to :func:`_wait`; the buffers hold what arrives once it has.
+    The transfer keeps the sent tensors referenced, so none is freed while its send is in flight.
+    """
+    tensors = [t.contiguous() for t in tensors]
+    buffers = [torch.empty_like(t) for t in tensors]
+    ops = [dist.P2POp(dist.isend, t, send_to, group) for t in tensors]
+    ops += [dist.P2POp(dist.irecv, b, recv_from, group) for b in buffers]
+    requests = dist.batch_isend_irecv(ops)
+    _SENT["bytes"] += sum(t.numel() * t.element_size() for t in tensors)
+    return (requests, tensors), buffers
+
+
+def _wait(transfer):
+    requests, _sent = transfer  # the sent tensors stay referenced until here
+    for request in requests:
+        request.wait()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Ring attention
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _relation(qa, lq, kb, lk):
+    """How a causal mask treats a run of queries [qa, qa+lq) against a run of keys [kb, kb+lk)."""
+    if kb > qa + lq - 1:
+        return "none"  # every key lies in the future of every query: skip the pair
+    if kb + lk - 1 <= qa:
+        return "all"  # every key lies at or before every query: no mask needed
+    return "some"
+
+
+def _pair_mask(qa, lq, kb, lk, device):
+    qpos = torch.arange(qa, qa + lq, device=device)
+    kpos = torch.arange(kb, kb + lk, device=device)
+    return kpos[None, :] <= qpos[:, None]  # (lq, lk), True = may attend
+
+
+def _pairs(qruns, kruns, causal, device):
+    """(query slice, key slice, mask or None) for each pair of runs a causal mask leaves something of."""
+    for qs, qa in qruns:
+        for ks, kb in kruns:
+            lq, lk = qs.stop - qs.start, ks.stop - ks.start
+            rel = _relation(qa, lq, kb, lk) if causal else "all"
+            if rel == "none":
+                continue
+            yield qs, ks, (None if rel == "all" else _pair_mask(qa, lq, kb, lk, device))
+
+
+def _empty_state(q, Ev):
+    return q.new_zeros(q.shape[:-1] + (Ev,)), q.new_full(q.shape[:-1], -math.inf)
+
+
+def _block_state(q, kb, vb, qruns, kruns, causal, scale):
+    """The state (out (..., n, Ev), lse (..., n)) of this rank's queries over one key/value block."""
+    per_run = {qs.start: [] for qs, _ in qruns}
+    for qs, ks, mask in _pairs(qruns, kruns, causal, q.device):
+        per_run[qs.start].append(attention_state(q[..., qs, :], kb[..., ks, :], vb[..., ks, :], mask, scale=scale))
+    outs, lses = [], []
+    for qs, _ in qruns:
+        parts = per_run[qs.start]
+        out, lse = merge_states(parts) if parts else _empty_state(q[..., qs, :], vb.shape[-1])
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)  # (..., n, Ev), (..., n)
+
+
+def _block_grads(q, kb, vb, out_lse, dout, D, qruns, kruns, causal, scale):
+    """This rank's queries' contributions (dq, dk, dv) from one key/value block, recomputing its probabilities."""
+    _, lse = out_lse
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(kb), torch.zeros_like(vb)
+    for qs, ks, mask in _pairs(qruns, kruns, causal, q.device):
+        qi, ki, vi = q[..., qs, :], kb[..., ks, :], vb[..., ks, :]
+        s = (qi @ ki.transpose(-1, -2)) * scale  # (..., lq, lk)
+        if mask is not None:
+            s = s.masked_fill(~mask, -math.inf)
+        row = lse[..., qs]
+        row = torch.where(row == -math.inf, 0.0, row)  # a row with no key: its scores are all -inf, p = 0
+        p = torch.exp(s - row[..., None])  # (..., lq, lk), the final attention weights of this pair
+        dv[..., ks, :] += p.transpose(-1, -2) @ dout[..., qs, :]
+        ds = p * (dout[..., qs, :] @ vi.transpose(-1, -2) - D[..., qs, None])  # (..., lq, lk)
+        dq[..., qs, :] += (ds @ ki) * scale
+        dk[..., ks, :] += (ds.transpose(-1, -2) @ qi) * scale
+    return dq, dk, dv
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, layout, scale, group, rank, P):
+        n = q.shape[-2]
+        qruns = _runs(n, rank, P, layout)
+        send_to, recv_from = _peer(group, (rank + 1) % P), _peer(group, (rank - 1) % P)
+        kb, vb, state = k, v, None
+        for step in range(P):
+            if step < P - 1:  # the next block is in flight while this one is computed
+                requests, (k_next, v_next) = _exchange([kb, vb], send_to, recv_from, group)
+            owner = (rank - step) % P
+            block = _block_state(q, kb, vb, qruns, _runs(n, owner, P, layout), causal, scale)
+            state = block if state is None else merge_states([state, block])
+            if step < P - 1:
+                _wait(requests)
+                kb, vb = k_next, v_next
+        out, lse = state
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.setup = (causal, layout, scale, group, rank, P)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, layout, scale, group, rank, P = ctx.setup
+        n = q.shape[-2]
+        qruns = _runs(n, rank, P, layout)
+        send_to, recv_from = _peer(group, (rank + 1) % P), _peer(group, (rank - 1) % P)
+        dout = dout.to(q.dtype)
+        D = (dout * out).sum(-1)  # (..., n): the softmax backward's row term, sum_e dout * out
+        dq = torch.zeros_like(q)
+        kb, vb = k, v
+        dkb, dvb = torch.zeros_like(k), torch.zeros_like(v)  # the gradients of the block in hand travel with it
+        for step in range(P):
+            if step < P - 1:
+                requests, (k_next, v_next) = _exchange([kb, vb], send_to, recv_from, group)
+            owner = (rank - step) % P
+            gq, gk, gv = _block_grads(q, kb, vb, (out, lse), dout, D, qruns, _runs(n, owner, P, layout), causal, scale)
+            dq += gq
+            dkb, dvb = dkb + gk, dvb + gv
+            if step < P - 1:
+                _wait(requests)
+                kb, vb = k_next, v_next
+            if P > 1:  # after the last step this send brings each block's gradients home to their owner
+                grad_requests, (dkb, dvb) = _exchange([dkb, dvb], send_to, recv_from, group)
+                _wait(grad_requests)
+        return dq, dkb, dvb, None, None, None, None, None, None
+
+
+def _compute_dtype(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def ring_attention(q, k, v, *, causal=False, layout="contiguous", scale=None, group=None):
+    """Attention of this rank's queries over the keys of every rank, passing key/value blocks round a ring.
+
+    Call it on every rank of ``group`` (default: the whole world), each with its shard q (..., n, E), k (..., n, E),
+    v (..., n, Ev) of one sequence split in ``layout`` ("contiguous" or "zigzag", see :func:`shard`). Returns this
+    rank's output rows (..., n, Ev) in the caller's dtype (half precision computed in float32). ``causal=True``
+    masks by global position (key j <= query i), and block pairs wholly in the future are skipped, not computed.
+    Differentiable: the backward pass is a second ring that returns each block's key/value gradients to its owner.
+    Raises RuntimeError without a process group, ValueError when the ranks' shards differ in shape or dtype or the
+    layout cannot split them.
+    """
+    rank, P = _group_rank_size(group, "ring_attention")
+    _check_layout(layout)
+
+    def even(q, k, v):
+        if layout == "zigzag" and q.shape[-2] % 2:
+            raise ValueError(f"the zigzag layout gives each rank two equal chunks, so a shard needs an even "
+                             f"number of tokens; got {q.shape[-2]}")
+
+    _validate(q, k, v, causal, group, P, "ring_attention", even)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    cdtype = _compute_dtype(q.dtype)
+    out = _RingAttention.apply(q.to(cdtype), k.to(cdtype), v.to(cdtype), causal, layout, float(scale), group, rank, P)
+    return out.to(q.dtype)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# All-to-all ("Ulysses")
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _all_to_all(x, group, P):
+    """x (P, ...) -> (P, ...): slice i goes to rank i, and slice j of the result came from rank j."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=group)
+    _SENT["bytes"] += x.numel() * x.element_size() * (P - 1) // P  # the slice for this rank stays home
+    return out
+
+
+def _seq_to_heads(x, group, P):
+    """(..., H, n, E) sequence shards of all heads -> (..., H/P, P n, E) the whole sequence for H/P heads."""
+    *batch, H, n, E = x.shape
+    x = x.reshape(*batch, P, H // P, n, E).movedim(-4, 0)  # (P, ..., H/P, n, E): slice i for rank i
+    x = _all_to_all(x, group, P)  # slice j: rank j's tokens of my heads
+    return x.movedim(0, -3).reshape(*batch, H // P, P * n, E)  # (..., H/P, N, E)
+
+
+def _heads_to_seq(y, group, P):
+    """(..., H/P, P n, E) -> (..., H, n, E): the inverse of :func:`_seq_to_heads`."""
+    *batch, h, N, E = y.shape
+    y = y.reshape(*batch, h, P, N // P, E).movedim(-3, 0)  # (P, ..., H/P, n, E): slice i = rank i's tokens
+    y = _all_to_all(y, group, P)  # slice j: my tokens of rank j's heads
+    return y.movedim(0, -4).reshape(*batch, P * h, N // P, E)  # (..., H, n, E)
+
+
+class _SeqToHeads(torch.autograd.Function):
+    """The all-to-all is a permutation of slices between ranks; its adjoint is the inverse all-to-all."""
+
+    @staticmethod
+    def forward(ctx, x, group, P):
+        ctx.setup = (group, P)
+        return _seq_to_heads(x, group, P)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _heads_to_seq(grad, *ctx.setup), None, None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, group, P):
+        ctx.setup = (group, P)
+        return _heads_to_seq(y, group, P)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _seq_to_heads(grad, *ctx.setup), None, None
+
+
+def ulysses_attention(q, k, v, *, causal=False, scale=None, group=None):
+    """Attention over the whole sequence by re-sharding heads with two all-to-alls ("Ulysses", chapter 10).
+
+    q (..., H, n, E), k (..., H, n, E), v (..., H, n, Ev): this rank's contiguous shard of the sequence for all H
+    heads, H a multiple of the group's size P. An all-to-all gives each rank all N tokens of H/P heads, it runs
+    ordinary attention on them, and a second all-to-all returns its output rows (..., H, n, Ev). Differentiable
+    (the all-to-all's backward is the inverse all-to-all).
+    """
+    _, P = _group_rank_size(group, "ulysses_attention")
+
+    def heads(q, k, v):
+        if q.ndim < 3:
+            raise ValueError(f"ulysses_attention needs a head dim: q (..., H, n, E), got shape {tuple(q.shape)}")
+        if q.shape[-3] % P:
+            raise ValueError(f"ulysses_attention gives each of the {P} ranks H/P heads, so H must be a multiple "
+                             f"of {P}; got H={q.shape[-3]}")
+
+    _validate(q, k, v, causal, group, P, "ulysses_attention", heads)
+    qh, kh, vh = (_SeqToHeads.apply(x, group, P) for x in (q, k, v))  # (..., H/P, N, E)
+    from lib.attention import attention
+
+    out = attention(qh, kh, vh, causal=causal, scale=scale)  # (..., H/P, N, Ev)
+    return _HeadsToSeq.apply(out, group, P)  # (..., H, n, Ev)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Causal work per rank
+# --------------------------------------------------------------------------------------------------------------
+
+
+def causal_tile_counts(N, world_size, layout="contiguous", tile=64):
+    """Tiles each rank computes at each ring step under a causal mask: a list of P rows, one per step, of P counts.
+
+    Each rank cuts each of its runs of tokens (one for "contiguous", two for "zigzag") into tiles of ``tile``
+    tokens, its queries and each arriving key block alike. A (query tile, key tile) pair is computed when at least
+    one of its keys is at or before one of its queries; pairs wholly in the future are skipped, as
+    :func:`ring_attention` skips them. Counts are exact integers; the runs must be multiples of ``tile`` long.
+    """
+    n = _check_split(N, world_size, layout)
+    P = world_size
+    runs = [_runs(n, r, P, layout) for r in range(P)]
+    for s, _ in runs[0]:
+        if (s.stop - s.start) % tile:
+            raise ValueError(f"runs of {s.stop - s.start} tokens do not cut into tiles of {tile}")
+
+    def tiles(rank):
+        return [(start + i, tile) for s, start in runs[rank] for i in range(0, s.stop - s.start, tile)]
+
+    counts = []
+    for step in range(P):
+        row = []
+        for rank in range(P):
+            owner = (rank - step) % P
+            row.append(sum(_relation(a, lq, b, lk) != "none" for a, lq in tiles(rank) for b, lk in tiles(owner)))
+        counts.append(row)
+    return counts
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Starting processes from a script or a notebook
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _worker(fn, rank, world_size, folder, backend, timeout, args):
+    """One rank: silence its output, join the group through a file, run fn, store its result or traceback."""
+    folder = pathlib.Path(folder)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # a notebook's kernel captures its children's output streams: workers print nothing
+    os.dup2(devnull, 2)
+    torch.set_num_threads(1)
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            backend,
+            init_method=(folder / "rendezvous").as_uri(),
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+        result = fn(rank, world_size, *args)
+        torch.save(result, folder / f"rank{rank}.pt")
+    except BaseException:  # noqa: BLE001 - whatever stops a rank, its caller must hear why
+        (folder / f"rank{rank}.err").write_text(traceback.format_exc())
+        os._exit(1)  # leave at once: a rank blocked in a collective would keep the process alive
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _check_importable(fn):
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", "")
+    if module in (None, "__main__") or "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(
+            f"launch starts fresh processes that import the worker by name, so {qualname or fn!r} must be a "
+            "module-level function of an importable module (not defined in a notebook cell, a script run as "
+            "__main__, or inside another function)"
+        )
+
+
+def launch(fn, world_size, *args, timeout=60.0, backend="gloo"):
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` new processes, one rank each; return their results.
+
+    Each process joins a ``backend`` process group ("gloo" on CPUs; "nccl" gives rank r GPU r) through a file in a
+    fresh temporary folder, so no port is fixed and parallel test runs cannot collide. Processes are spawned, so
+    ``fn`` must live in an importable module, and a script that calls ``launch`` must do so under
+    ``if __name__ == "__main__":`` (each new process imports the script again). Workers print nothing; their results come back through files, as a
+    list in rank order. If a rank raises, its traceback is raised here as RuntimeError; if the ranks do not finish
+    within ``timeout`` seconds (also each collective's timeout), they are stopped and RuntimeError is raised.
+    """
+    _check_importable(fn)
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    context = torch.multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="ring-") as folder:
+        saved = os.environ.get("PYTHONWARNINGS")
+        os.environ["PYTHONWARNINGS"] = "ignore"  # warnings printed while a child imports would reach a notebook
+        try:
+            procs = [
+                context.Process(target=_worker, args=(fn, r, world_size, folder, backend, timeout, args))
+                for r in range(world_size)
+            ]
+            for p in procs:
+                p.start()
+        finally:
+            if saved is None:
+                os.environ.pop("PYTHONWARNINGS", None)
+            else:
+                os.environ["PYTHONWARNINGS"] = saved
+        deadline = time.monotonic() + timeout
+        failed = None
+        while time.monotonic() < deadline:
+            codes = [p.exitcode for p in procs]
+            failed = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
+            if failed is not None or all(c == 0 for c in codes):
+                break
+            time.sleep(0.02)
+        running = [r for r, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+        files = {r: pathlib.Path(folder) / f"rank{r}.err" for r in range(world_size)}
+        files = {r: f for r, f in files.items() if f.exists()}
+        if files:  # the rank that failed first; the others often failed because it left
+            first = min(files, key=lambda r: files[r].stat().st_mtime_ns)
+            also = f" (ranks {sorted(files)} failed)" if len(files) > 1 else ""
+            raise RuntimeError(f"rank {first} of {world_size} failed first{also}:\n{files[first].read_text()}")
+        if failed is not None:
+            raise RuntimeError(f"rank {failed} of {world_size} exited with code {procs[failed].exitcode}")
+        if running:
+            raise RuntimeError(f"ranks {running} of {world_size} did not finish within {timeout} s and were stopped")
+        return [torch.load(pathlib.Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# A worker that checks both schemes (chapter 10 and the tests run it)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def run_cases(rank, world_size, cases):
+    """Worker for :func:`launch`: run each case on this rank's shards and return what it computed.
+
+    A case is a dict with ``scheme`` ("ring" or "ulysses"), ``causal``, ``layout`` (ring only) and the whole
+    sequence's ``q``, ``k``, ``v`` and ``dout`` (the output's gradient); or ``shards``, a list of per-rank
+    ``(q, k, v)``, to pass inputs as they are. With ``ranks``, a list of global ranks, the case runs on a
+    subgroup of just those ranks (every rank creates the group; the others return None for it). For each case it
+    returns a dict with this rank's ``out``, ``dq``, ``dk``, ``dv`` and the bytes it sent forward and backward,
+    or ``error``: "TypeName: message" if the call raised.
+    """
+    results = []
+    for case in cases:
+        group, me, size = None, rank, world_size
+        if "ranks" in case:
+            group = dist.new_group(case["ranks"])  # every rank must take part in creating it
+            if rank not in case["ranks"]:
+                results.append(None)
+                continue
+            me, size = case["ranks"].index(rank), len(case["ranks"])
+        fn = ring_attention if case["scheme"] == "ring" else ulysses_attention
+        kwargs = {"causal": case.get("causal", False), "group": group}
+        layout = case.get("layout", "contiguous")
+        if case["scheme"] == "ring":
+            kwargs["layout"] = layout
+        try:
+            if "shards" in case:
+                q, k, v = case["shards"][me]
+            else:
+                q, k, v = (shard(case[x], me, size, layout) for x in ("q", "k", "v"))
+            q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
+            reset_bytes_sent()
+            out = fn(q, k, v, **kwargs)
+            forward_bytes = bytes_sent()
+            reset_bytes_sent()
+            dout = shard(case["dout"], me, size, layout) if "dout" in case else torch.ones_like(out)
+            out.backward(dout)
+            results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad,
+                            "bytes_forward": forward_bytes, "bytes_backward": bytes_sent()})
+        except (ValueError, TypeError, RuntimeError) as err:
+            results.append({"error": f"{type(err).__name__}: {err}"})
+    return results

@@ -1,0 +1,311 @@
+"""lib.ring: ring and all-to-all attention on real gloo process groups, against autograd through SDPA.
+
+Starting processes costs seconds, so one world of 3 ranks runs once for every case (``lib.ring.run_cases``: 2-rank
+cases on a group of two of its ranks) and the tests read its results. Rendezvous goes through a file in a temporary folder, so parallel runs never share a port.
+"""
+
+import itertools
+import time
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from filelock import FileLock
+
+from lib import ring
+
+F64 = {"rtol": 1e-12, "atol": 1e-12}
+
+
+def inputs(B, H, N, E, Ev, seed, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, H, N, E, generator=gen).to(dtype) for _ in range(2))
+    v, dout = (torch.randn(B, H, N, Ev, generator=gen).to(dtype) for _ in range(2))
+    return {"q": q, "k": k, "v": v, "dout": dout}
+
+
+GOOD = [
+    (scheme, layout, causal)
+    for scheme, layout in (("ring", "contiguous"), ("ring", "zigzag"), ("ulysses", "contiguous"))
+    for causal in (False, True)
+]
+
+
+def good_cases(world, N, H, seed=0):
+    return [
+        {"scheme": s, "layout": lay, "causal": c, **inputs(2, H, N, 8, 6, seed + i)}
+        for i, (s, lay, c) in enumerate(GOOD)
+    ]
+
+
+def bad_cases(world):
+    """Inputs that must be refused on every rank with a clear error, never a hang."""
+    def per_rank(make):
+        return [make(r) for r in range(world)]
+
+    def t(*shape, dtype=torch.float32):
+        return torch.randn(*shape).to(dtype)
+
+    return [
+        ("unequal", {"scheme": "ring", "shards": per_rank(lambda r: (t(1, 2, 4 + 2 * r, 4),) * 3)}),
+        ("dtype", {"scheme": "ring", "shards": per_rank(
+            lambda r: (t(1, 2, 4, 4, dtype=torch.float32 if r == 0 else torch.float64),) * 3)}),
+        ("shape", {"scheme": "ring", "shards": per_rank(lambda r: (t(1, 2, 4, 4 + r),) * 3)}),
+        ("odd", {"scheme": "ring", "layout": "zigzag", "shards": per_rank(lambda r: (t(1, 2, 3, 4),) * 3)}),
+        ("heads", {"scheme": "ulysses", "shards": per_rank(lambda r: (t(1, 3, 4, 4),) * 3)}),
+        ("one rank", {"scheme": "ring", "shards": per_rank(
+            lambda r: (t(1, 2, 4, 4), t(1, 2, 4, 4 if r == 0 else 5), t(1, 2, 4, 4)))}),
+    ]
+
+
+def sdpa_reference(case):
+    q, k, v = (case[x].clone().requires_grad_() for x in ("q", "k", "v"))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=case["causal"])
+    out.backward(case["dout"])
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+SUBGROUP = (("ring", "contiguous"), ("ring", "zigzag"), ("ulysses", "contiguous"))
+
+
+def world_cases():
+    """Cases for one world of 3 ranks: 2-rank cases on the group of ranks 0 and 1, 3-rank cases on the whole
+    world, and cases on the group of global ranks 1 and 2 (group ranks 0 and 1), whose peers must be mapped."""
+    two = [dict(case, ranks=[0, 1]) for case in good_cases(2, N=16, H=4)]
+    bad = [(name, dict(case, ranks=[0, 1])) for name, case in bad_cases(2)]
+    three = good_cases(3, N=18, H=3, seed=10)
+    sub = [{"scheme": s, "layout": lay, "causal": True, "ranks": [1, 2], **inputs(1, 2, 8, 4, 4, 20 + i)}
+           for i, (s, lay) in enumerate(SUBGROUP)]
+    half = [{"scheme": s, "layout": lay, "causal": True, "ranks": [0, 1], **inputs(1, 2, 16, 8, 8, 30 + i,
+                                                                                    dtype=torch.bfloat16)}
+            for i, (s, lay) in enumerate(SUBGROUP)]
+    return two, bad, three, sub, half
+
+
+def run_world():
+    two, bad, three, sub, half = world_cases()
+    cases = two + [case for _, case in bad] + three + sub + half
+    results = ring.launch(ring.run_cases, 3, cases, timeout=120)
+    cut = np.cumsum([0, len(two), len(bad), len(three), len(sub), len(half)]).tolist()
+    part = [[r[a:b] for r in results] for a, b in itertools.pairwise(cut)]
+    return {
+        "two": part[0][:2],
+        "bad": dict(zip([name for name, _ in bad], zip(*part[1][:2]))),
+        "three": part[2],
+        "sub": part[3][1:],
+        "outside": part[3][0],
+        "half": part[4][:2],
+    }
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory, worker_id):
+    """The 3-rank world's results, computed once even when pytest-xdist spreads these tests over workers."""
+    if worker_id == "master":
+        return run_world()
+    shared = tmp_path_factory.getbasetemp().parent
+    with FileLock(shared / "ring-world.lock"):
+        stored = shared / "ring-world.pt"
+        if not stored.exists():
+            torch.save(run_world(), stored)
+        return torch.load(stored, weights_only=False)
+
+
+def assert_matches_sdpa(cases, per_rank, tol):
+    for i, case in enumerate(cases):
+        ranks = [r[i] for r in per_rank]
+        assert all("error" not in r for r in ranks), ranks[0].get("error")
+        ref = sdpa_reference(case)
+        layout = case["layout"]
+        for name in ("out", "dq", "dk", "dv"):
+            ours = ring.unshard([r[name] for r in ranks], layout)
+            what = f"{case['scheme']} {layout} causal={case['causal']}: {name}"
+            torch.testing.assert_close(ours, ref[name], **tol, msg=lambda m, w=what: f"{w}\n{m}")
+
+
+def test_two_ranks_forward_and_gradients_equal_autograd_through_sdpa(world):
+    assert_matches_sdpa(world_cases()[0], world["two"], F64)
+
+
+def test_bytes_counted_in_the_run_match_the_formula(world):
+    two, _, three, _, _ = world_cases()
+    for cases, per_rank, P in ((two, world["two"], 2), (three, world["three"], 3)):
+        check_bytes(cases, per_rank, P)
+
+
+def check_bytes(cases, per_rank, P):
+    for i, case in enumerate(cases):
+        B, H, N, E = case["q"].shape
+        Ev = case["v"].shape[-1]
+        kw = {"batch_heads": B * H, "E": E, "Ev": Ev, "itemsize": 8}
+        for r in per_rank:
+            assert r[i]["bytes_forward"] == ring.sent_bytes_per_rank(case["scheme"], N, P, **kw)
+            total = r[i]["bytes_forward"] + r[i]["bytes_backward"]
+            assert total == ring.sent_bytes_per_rank(case["scheme"], N, P, backward=True, **kw)
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("unequal", r"shards of unequal length: the ranks hold \[4, 6\] tokens"),
+        ("dtype", r"rank 1 has q \(1, 2, 4, 4\) torch.float64.* but rank 0 has q \(1, 2, 4, 4\) torch.float32"),
+        ("shape", r"rank 1 has q \(1, 2, 4, 5\)"),
+        ("odd", r"zigzag layout .* even number of tokens; got 3"),
+        ("heads", r"H must be a multiple of 2; got H=3"),
+    ],
+)
+def test_bad_shards_raise_the_same_clear_error_on_every_rank(world, name, message):
+    for result in world["bad"][name]:
+        assert result["error"].startswith("ValueError: ")
+        assert __import__("re").search(message, result["error"]), result["error"]
+
+
+def test_a_rank_that_rejects_its_input_makes_the_others_raise_too(world):
+    rank0, rank1 = world["bad"]["one rank"]  # only rank 1 passed keys with E=5
+    assert rank1["error"] == "ValueError: k has E=5 but q has E=4"
+    assert rank0["error"] == "ValueError: ring_attention: rank 1 rejected its shards (its own error says why)"
+
+
+def test_three_ranks_forward_and_gradients_equal_autograd_through_sdpa(world):
+    assert_matches_sdpa(world_cases()[2], world["three"], F64)
+
+
+def test_a_subgroup_of_global_ranks_1_and_2_equals_sdpa(world):
+    assert all(r is None for r in world["outside"])  # rank 0 is not in the group
+    assert_matches_sdpa(world_cases()[3], world["sub"], F64)
+
+
+def test_bfloat16_shards_keep_their_dtype_and_match_sdpa_in_float64(world):
+    half = world_cases()[4]
+    for i, case in enumerate(half):
+        ranks = [r[i] for r in world["half"]]
+        assert all(r[name].dtype == torch.bfloat16 for r in ranks for name in ("out", "dq", "dk", "dv"))
+        wide = {x: case[x].double() for x in ("q", "k", "v", "dout")}
+        ref = sdpa_reference({**case, **wide})
+        for name in ("out", "dq", "dk", "dv"):
+            ours = ring.unshard([r[name] for r in ranks], case["layout"]).double()
+            torch.testing.assert_close(ours, ref[name], rtol=2e-2, atol=2e-2)
+
+
+def test_without_a_process_group_the_error_says_so():
+    assert not dist.is_initialized()
+    x = torch.zeros(1, 2, 4, 4)
+    with pytest.raises(RuntimeError, match="needs an initialised process group"):
+        ring.ring_attention(x, x, x)
+    with pytest.raises(RuntimeError, match="needs an initialised process group"):
+        ring.ulysses_attention(x, x, x)
+
+
+def fail_on_rank_one(rank, world_size):
+    if rank == 1:
+        raise ValueError("rank one fails on purpose")
+    dist.barrier()  # rank 0 would wait here for ever without the launcher's watch
+    return rank
+
+
+def test_a_failing_rank_raises_in_the_caller_instead_of_hanging():
+    with pytest.raises(RuntimeError, match=r"(?s)rank 1 of 2 failed first.*rank one fails on purpose"):
+        ring.launch(fail_on_rank_one, 2, timeout=60)
+
+
+def sleep_for_a_minute(rank, world_size):
+    time.sleep(60)  # a rank that hangs, as one blocked in a collective would
+
+
+def test_a_hanging_rank_is_stopped_at_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"ranks \[0\] of 1 did not finish within 3 s and were stopped"):
+        ring.launch(sleep_for_a_minute, 1, timeout=3)
+    assert time.monotonic() - start < 20
+
+
+def test_launch_refuses_workers_it_cannot_import():
+    with pytest.raises(ValueError, match="module-level function"):
+        ring.launch(lambda rank, world: rank, 2)
+
+
+@pytest.mark.parametrize("layout", ring.LAYOUTS)
+@pytest.mark.parametrize("P", [1, 2, 3, 4])
+def test_shard_and_unshard_are_inverse_and_cover_every_position_once(layout, P):
+    N = 4 * P
+    x = torch.arange(N * 3, dtype=torch.float32).reshape(1, N, 3)
+    parts = [ring.shard(x, r, P, layout) for r in range(P)]
+    assert all(p.shape == (1, N // P, 3) for p in parts)
+    assert torch.equal(ring.unshard(parts, layout), x)
+    assert sorted(torch.cat([ring.positions(N, r, P, layout) for r in range(P)]).tolist()) == list(range(N))
+
+
+def test_zigzag_holds_chunks_r_and_2p_minus_1_minus_r():
+    assert ring.positions(8, 0, 2, "zigzag").tolist() == [0, 1, 6, 7]
+    assert ring.positions(8, 1, 2, "zigzag").tolist() == [2, 3, 4, 5]
+    with pytest.raises(ValueError, match="cannot be split into 4 equal chunks"):
+        ring.shard(torch.zeros(6, 2), 0, 2, "zigzag")
+    with pytest.raises(ValueError, match="layout must be one of"):
+        ring.positions(8, 0, 2, "striped")
+
+
+def critical_path(counts):
+    """Tiles on the critical path (each ring step waits for its slowest rank) over the ideal share total / P."""
+    P = len(counts[0])
+    total = sum(map(sum, counts))
+    return Fraction(sum(max(step) for step in counts) * P, total)
+
+
+@pytest.mark.parametrize("P, ratio", [(2, 1.49), (4, 1.74), (8, 1.86)])
+def test_causal_contiguous_ring_is_imbalanced_and_zigzag_is_not(P, ratio):
+    contiguous = ring.causal_tile_counts(4096, P, "contiguous", tile=64)
+    zigzag = ring.causal_tile_counts(4096, P, "zigzag", tile=64)
+    assert sum(map(sum, contiguous)) == sum(map(sum, zigzag)) == 64 * 65 // 2  # every tile on or below the diagonal
+    assert round(float(critical_path(contiguous)), 2) == ratio
+    assert critical_path(zigzag) == 1
+    slowest = max(range(P), key=lambda r: sum(step[r] for step in contiguous))
+    assert slowest == P - 1  # the last rank's queries see every key block
+    assert float(critical_path(contiguous)) < (2 * P - 1) / P
+
+
+def test_ring_skips_the_blocks_the_tile_count_skips():
+    assert ring.causal_tile_counts(8, 2, "contiguous", tile=4) == [[1, 1], [0, 1]]
+    assert ring.causal_tile_counts(8, 2, "zigzag", tile=2) == [[3, 3], [2, 2]]
+
+
+def test_each_step_posts_the_next_blocks_transfer_before_computing(monkeypatch):
+    """The schedule, recorded in one process: a stand-in ring of 3 ranks whose transfers return the same block."""
+    events = []
+
+    def exchange(tensors, send_to, recv_from, group):
+        events.append("send")
+        return ([], tensors), [t.clone() for t in tensors]
+
+    def computing(fn):
+        def wrapped(*args):
+            events.append("compute")
+            return fn(*args)
+        return wrapped
+
+    monkeypatch.setattr(ring, "_group_rank_size", lambda group, what: (0, 3))
+    monkeypatch.setattr(ring, "_validate", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ring, "_peer", lambda group, r: r)
+    monkeypatch.setattr(ring, "_exchange", exchange)
+    monkeypatch.setattr(ring, "_block_state", computing(ring._block_state))
+    monkeypatch.setattr(ring, "_block_grads", computing(ring._block_grads))
+    q = torch.randn(1, 6, 4, requires_grad=True)
+    out = ring.ring_attention(q, q, q)
+    assert events == ["send", "compute", "send", "compute", "compute"]
+    events.clear()
+    out.sum().backward()
+    # keys and values for the next step go out before the compute; the gradients follow it, one hop a step
+    assert events == ["send", "compute", "send", "send", "compute", "send", "compute", "send"]
+
+
+def test_hiding_block_is_flops_over_link_bandwidth():
+    # 4 n^2 E FLOPs at F per second against 2 n E numbers of 2 bytes at B per second: equal at n = F / B
+    F_h100, B_h100 = 989.4e12, 450e9
+    n = ring.hiding_block("H100")
+    assert n == pytest.approx(F_h100 / B_h100)
+    E = 128
+    assert 4 * n**2 * E / F_h100 == pytest.approx(2 * n * E * 2 / B_h100)
+    with pytest.raises(ValueError, match="no NVLink rate for 'T4'"):
+        ring.hiding_block("T4")
