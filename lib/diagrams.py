@@ -170,9 +170,11 @@ def matrix_form(Q, K, A, V, out, scale=None):
     operator(x_s - 0.6, y_top + hq / 2 - 0.45, "=", 13)
     block(x_s, y_top, scores, f"scores $S$  (L, S) = ({L}, {S})", text=_two_digits)
     y_low = 0.45
-    _arrow(ax, (x_s - 0.1, y_top + 0.1), (0.3 + S * cell + 0.25, y_low + L * cell + 0.05))
-    ax.text((x_s + S * cell) / 2 - 0.3, (y_top + y_low + L * cell) / 2 + 0.2, "softmax of each row",
-            fontsize=9, ha="left", va="bottom")
+    start, end = (x_s - 0.1, y_top + 0.1), (0.3 + S * cell + 0.25, y_low + L * cell + 0.05)
+    _arrow(ax, start, end)
+    angle = np.degrees(np.arctan2(start[1] - end[1], start[0] - end[0]))  # 1 unit = 1 inch both ways
+    ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.06, "softmax of each row", fontsize=9,
+            ha="center", va="bottom", rotation=angle, rotation_mode="anchor")
     block(0.3, y_low, A, f"weights $A$  (L, S) = ({L}, {S})", "viridis", 0.0, A.max(), _two_digits)
     x_v = 0.3 + S * cell + 0.7
     operator(x_v - 0.35, y_low + L * cell / 2, "@")
