@@ -102,40 +102,47 @@ def one_query_dataflow(query, keys, values, weights, output, t=1):
     n, d_k = keys.shape
     scores = keys @ query
     scaled = scores / np.sqrt(d_k)
-    row_h, top = 0.62, 0.95 + 0.62 * n
-    fig, ax = _canvas(10.0, top + 0.55)
-    columns = {"key": 1.7, "score": 3.95, "scaled": 5.1, "weight": 6.2, "value": 7.45}
+    row_h, box_h, top = 0.66, 0.48, 0.75 + 0.66 * n
+    fig, ax = _canvas(10.4, top + 0.5)
+    size = 9.5  # the numbers: the figure is shown about 0.75 times its size in the book's column
+    # column: (left edge, width)
+    columns = {"key": (1.95, 2.05), "score": (4.3, 0.85), "scaled": (5.4, 0.85), "weight": (6.5, 0.95),
+               "value": (7.8, 1.65)}
     heads = {"key": "key $k_j$", "score": f"$q_{t} \\cdot k_j$", "scaled": f"$\\div\\sqrt{{{d_k}}}$",
              "weight": f"weight $\\alpha_{{{t}j}}$", "value": "value $v_j$"}
-    for name, x in columns.items():
-        ax.text(x + 0.5, top + 0.18, heads[name], ha="center", fontsize=10)
-    centre = 0.95 + row_h * n / 2
-    _box(ax, 0.05, centre - 0.3, 1.25, 0.6, _numbers(query), face="#E8F1F8", size=7.5)
-    ax.text(0.68, centre + 0.42, f"query $q_{t}$", ha="center", fontsize=10, color=BLUE)
+    for name, (x, w) in columns.items():
+        ax.text(x + w / 2, top + 0.12, heads[name], ha="center", fontsize=11)
+    centre = 0.75 + row_h * n / 2
+    _box(ax, 0.05, centre - 0.3, 1.68, 0.6, _numbers(query), face="#E8F1F8", size=size)
+    ax.text(0.89, centre + 0.42, f"query $q_{t}$", ha="center", fontsize=11, color=BLUE)
+    right = {name: x + w for name, (x, w) in columns.items()}
+    out_x, out_w = 9.7, 0.68
     for j in range(n):
         y = top - (j + 1) * row_h
-        _arrow(ax, (1.3, centre), (columns["key"] - 0.02, y + 0.22), colour=BLUE, width=0.8)
-        _box(ax, columns["key"], y, 1.95, 0.44, f"{j + 1}: " + _numbers(keys[j]), size=7.5)
-        _arrow(ax, (columns["key"] + 1.95, y + 0.22), (columns["score"], y + 0.22))
-        _box(ax, columns["score"], y, 1.0, 0.44, f"{scores[j]:+.3f}", size=8)
-        _arrow(ax, (columns["score"] + 1.0, y + 0.22), (columns["scaled"], y + 0.22))
-        _box(ax, columns["scaled"], y, 0.95, 0.44, f"{scaled[j]:+.3f}", size=8)
-        _arrow(ax, (columns["scaled"] + 0.95, y + 0.22), (columns["weight"], y + 0.22))
-        _box(ax, columns["weight"], y, 1.0, 0.44)
-        _box(ax, columns["weight"], y, 1.0 * weights[j], 0.44, face=ORANGE, edge=ORANGE)
-        ax.text(columns["weight"] + 0.96, y + 0.22, f"{weights[j]:.3f}", ha="right", va="center",
-                fontsize=8, family="monospace")
-        ax.text(columns["value"] - 0.12, y + 0.22, "×", ha="center", va="center", fontsize=10)
-        _box(ax, columns["value"], y, 1.45, 0.44, _numbers(values[j]), size=7.5)
-        _arrow(ax, (columns["value"] + 1.45, y + 0.22), (9.2, centre), colour=GREEN, width=0.8)
-    ax.text(columns["weight"] + 0.5, 0.5, "softmax: each $e^{s_j}$ over their sum; the bars add to 1",
-            ha="center", fontsize=8.5, color="0.3")
-    ax.text(9.52, centre + 0.65, f"output$_{t}$", ha="center", fontsize=9.5, color=GREEN)
-    ax.text(9.52, top + 0.18, f"$\\sum_j \\alpha_{{{t}j}} v_j$", ha="center", fontsize=10)
-    _box(ax, 9.2, centre - 0.55, 0.65, 1.1, "\n".join(f"{x:+.3f}" for x in output), face="#E6F4EF",
-         size=7)
-    ax.text(0.05, 0.12, f"n = {n} keys, d_k = {d_k}; the numbers are chapter 1's, rounded for the picture",
-            fontsize=8, color="0.35")
+        mid = y + box_h / 2
+        _arrow(ax, (1.73, centre), (columns["key"][0] - 0.02, mid), colour=BLUE, width=0.8)
+        _box(ax, columns["key"][0], y, columns["key"][1], box_h, f"{j + 1}: " + _numbers(keys[j]), size=size)
+        _arrow(ax, (right["key"], mid), (columns["score"][0], mid))
+        _box(ax, columns["score"][0], y, columns["score"][1], box_h, f"{scores[j]:+.3f}", size=size)
+        _arrow(ax, (right["score"], mid), (columns["scaled"][0], mid))
+        _box(ax, columns["scaled"][0], y, columns["scaled"][1], box_h, f"{scaled[j]:+.3f}", size=size)
+        _arrow(ax, (right["scaled"], mid), (columns["weight"][0], mid))
+        x_w, w_w = columns["weight"]
+        _box(ax, x_w, y, w_w, box_h)
+        _box(ax, x_w, y, w_w * weights[j], box_h, face=ORANGE, edge=ORANGE)
+        ax.text(x_w + w_w - 0.05, mid, f"{weights[j]:.3f}", ha="right", va="center", fontsize=size,
+                family="monospace")
+        ax.text(columns["value"][0] - 0.15, mid, "×", ha="center", va="center", fontsize=12)
+        _box(ax, columns["value"][0], y, columns["value"][1], box_h, _numbers(values[j]), size=size)
+        _arrow(ax, (right["value"], mid), (out_x, centre), colour=GREEN, width=0.8)
+    ax.text(x_w + w_w / 2, 0.42, "softmax: each $e^{s_j}$ over their sum; the bars add to 1",
+            ha="center", fontsize=9.5, color="0.3")
+    ax.text(out_x + out_w / 2, centre + 0.72, f"output$_{t}$", ha="center", fontsize=11, color=GREEN)
+    ax.text(out_x + out_w / 2, top + 0.12, f"$\\sum_j \\alpha_{{{t}j}} v_j$", ha="center", fontsize=11)
+    _box(ax, out_x, centre - 0.6, out_w, 1.2, "\n".join(f"{x:+.3f}" for x in output), face="#E6F4EF",
+         size=size)
+    ax.text(0.05, 0.08, f"n = {n} keys, d_k = {d_k}; the numbers are chapter 1's, rounded for the picture",
+            fontsize=9, color="0.35")
     return fig
 
 
@@ -144,51 +151,62 @@ def matrix_form(Q, K, A, V, out, scale=None):
 
     The sizes follow the library's vocabulary: L queries and S keys of size E, values of size Ev.
     """
+    import matplotlib as mpl
+
     Q, K, A, V, out = (np.asarray(x, dtype=float) for x in (Q, K, A, V, out))
     L, E = Q.shape
     S, Ev = V.shape
     scale = 1 / np.sqrt(E) if scale is None else scale
     scores = Q @ K.T * scale
-    cell = 0.3
-    height = 2 * (L * cell) + 1.9
-    fig, ax = _canvas(8.9, height)
+    cell = 0.4  # inches: the figure is shown about 0.8 times its size in the book's column
+    y_low, y_top = 0.75, 0.75 + L * cell + 1.25
+    x_s = 0.3 + E * cell + 0.7 + S * cell + 1.25  # where the score block starts
+    x_o = 0.3 + S * cell + 0.7 + Ev * cell + 0.7  # where the output block starts
+    width = max(x_s + S * cell, x_o + Ev * cell + 2.6) + 0.15
+    fig, ax = _canvas(width, y_top + L * cell + 0.45)
 
-    def block(x, y, values, label, cmap="cividis", low=None, high=None, text=None):
+    def block(x, y, values, label, cmap="cividis", low=None, high=None, numbers=False):
         bound = np.abs(values).max()  # signed entries: 0 sits mid-scale
         low, high = (-bound, bound) if low is None else (low, high)
-        return _grid(ax, x, y, values, cell, cmap, label, low, high, text)
+        box = _grid(ax, x, y, values, cell, cmap, label, low, high)
+        if numbers:  # each entry inside its cell, dark on light colours and light on dark ones
+            colours = mpl.colormaps[cmap]((values - low) / max(high - low, 1e-12))
+            rows, cols = values.shape
+            for r in range(rows):
+                for c in range(cols):
+                    luminance = colours[r, c, :3] @ [0.299, 0.587, 0.114]
+                    ax.text(x + (c + 0.5) * cell, y + (rows - 0.5 - r) * cell, _two_digits(values[r, c]),
+                            ha="center", va="center", fontsize=8.5,
+                            color="black" if luminance > 0.5 else "white")
+        return box
 
-    def operator(x, y, symbol, size=15):
+    def operator(x, y, symbol, size=16):
         ax.text(x, y, symbol, ha="center", va="center", fontsize=size, color=INK)
 
-    y_top = L * cell + 1.2
     _, _, wq, hq = block(0.3, y_top, Q, f"$Q$  (L, E) = ({L}, {E})")
     operator(0.3 + wq + 0.35, y_top + hq / 2, "@")
-    _, _, wk, _ = block(0.3 + wq + 0.7, y_top + (hq - E * cell) / 2, K.T, f"$K^\\top$  (E, S) = ({E}, {S})")
-    x_s = 0.3 + wq + 0.7 + wk + 1.25
-    operator(x_s - 0.6, y_top + hq / 2, f"$\\times\\frac{{1}}{{\\sqrt{{{E}}}}}$", 12)
-    operator(x_s - 0.6, y_top + hq / 2 - 0.45, "=", 13)
-    block(x_s, y_top, scores, f"scores $S$  (L, S) = ({L}, {S})", text=_two_digits)
-    y_low = 0.45
+    block(0.3 + wq + 0.7, y_top + (hq - E * cell) / 2, K.T, f"$K^\\top$  (E, S) = ({E}, {S})")
+    operator(x_s - 0.6, y_top + hq / 2 + 0.1, f"$\\times\\frac{{1}}{{\\sqrt{{{E}}}}}$", 13)
+    operator(x_s - 0.6, y_top + hq / 2 - 0.4, "=", 14)
+    block(x_s, y_top, scores, f"scores $S$  (L, S) = ({L}, {S})", numbers=True)
     start, end = (x_s - 0.1, y_top + 0.1), (0.3 + S * cell + 0.25, y_low + L * cell + 0.05)
     _arrow(ax, start, end)
     angle = np.degrees(np.arctan2(start[1] - end[1], start[0] - end[0]))  # 1 unit = 1 inch both ways
-    ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.06, "softmax of each row", fontsize=9,
+    ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.06, "softmax of each row", fontsize=10,
             ha="center", va="bottom", rotation=angle, rotation_mode="anchor")
-    block(0.3, y_low, A, f"weights $A$  (L, S) = ({L}, {S})", "viridis", 0.0, A.max(), _two_digits)
+    block(0.3, y_low, A, f"weights $A$  (L, S) = ({L}, {S})", "viridis", 0.0, A.max(), numbers=True)
     x_v = 0.3 + S * cell + 0.7
     operator(x_v - 0.35, y_low + L * cell / 2, "@")
     block(x_v, y_low + (L - S) * cell / 2, V, f"$V$  (S, Ev) = ({S}, {Ev})")
-    x_o = x_v + Ev * cell + 0.7
     operator(x_o - 0.35, y_low + L * cell / 2, "=")
     block(x_o, y_low, out, f"output  (L, Ev) = ({L}, {Ev})")
-    ax.text(x_o + Ev * cell + 0.4, y_low + L * cell / 2,
+    ax.text(x_o + Ev * cell + 0.3, y_low + L * cell / 2,
             "row i of $S$: query i against\nevery key (one dot product each)\n\n"
             "row i of $A$: how query i shares\nits attention among the S keys\n\n"
             "row i of the output: those\nshares of the values, mixed",
-            va="center", fontsize=8.5, color="0.3")
-    ax.text(0.3, 0.08, f"L = S = {L} tokens, E = Ev = {E}: chapter 2's sentence; colour = value of each entry"
-            " (cividis for signed numbers, viridis for weights)", fontsize=7.5, color="0.35")
+            va="center", fontsize=9.5, color="0.3")
+    ax.text(0.3, 0.1, f"L = S = {L} tokens, E = Ev = {E}: chapter 2's sentence. Colour shows each entry's value"
+            "\n(cividis for signed numbers, viridis for weights).", fontsize=9, color="0.35")
     return fig
 
 
@@ -219,11 +237,13 @@ def saturation(score_rows, labels):
         bound = 0.25
         ax_j.imshow(jac, cmap="cividis", vmin=-bound, vmax=bound)
         ax_j.grid(False)
+        colours = plt.get_cmap("cividis")((jac + bound) / (2 * bound))
         for i in keys:
             for j in keys:
                 entry = "0" if abs(jac[i, j]) < 5e-4 else f"{jac[i, j]:+.3f}"
-                ax_j.text(j, i, entry, ha="center", va="center", fontsize=7.5,
-                          color="black" if jac[i, j] > 0 else "white")
+                light = colours[i, j, :3] @ [0.299, 0.587, 0.114] > 0.5  # dark text on light cells
+                ax_j.text(j, i, entry, ha="center", va="center", fontsize=8,
+                          color="black" if light else "white")
         norm = np.linalg.norm(jac)
         ax_j.set(title=f"Jacobian $\\partial p_i/\\partial s_j$, norm {norm:.3g}", xticks=keys, yticks=keys,
                  xlabel="score j", ylabel="weight i")
