@@ -11,6 +11,247 @@ from __future__ import annotations
 
 import numpy as np
 
+INK = "#222222"
+BLUE, ORANGE, GREEN = "#0072B2", "#E69F00", "#009E73"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# shared primitives
+
+
+def _canvas(width, height):
+    """A figure with one axis-free panel whose data units are inches, origin at the bottom left."""
+    import matplotlib.pyplot as plt
+
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    fig, ax = plt.subplots(figsize=(width, height))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.set_axis_off()
+    fig.subplots_adjust(left=0, right=1, bottom=0, top=1)
+    return fig, ax
+
+
+def _box(ax, x, y, w, h, text="", face="white", edge=INK, size=9, weight="normal", colour=INK):
+    """A rectangle with its lower-left corner at (x, y) and ``text`` centred in it."""
+    from matplotlib.patches import Rectangle
+
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=face, edgecolor=edge, linewidth=1))
+    if text:
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size, color=colour,
+                fontweight=weight, family="monospace")
+
+
+def _arrow(ax, start, end, colour=INK, width=1.0):
+    """A straight arrow from ``start`` to ``end``."""
+    ax.annotate("", xy=end, xytext=start,
+                arrowprops={"arrowstyle": "-|>", "color": colour, "lw": width, "shrinkA": 0, "shrinkB": 0})
+
+
+def _numbers(vector, digits=2):
+    """A short vector as text, ``[ 0.22 -0.17 -0.02]``."""
+    return "[" + " ".join(f"{float(x):+.{digits}f}" for x in vector) + "]"
+
+
+def _two_digits(value):
+    """A matrix entry as it is printed inside its cell."""
+    return f"{value:.2f}"
+
+
+def _grid(ax, x, y, values, cell, cmap, label, low=None, high=None, text=None):
+    """A matrix drawn as coloured cells, top-left entry at the top left, ``label`` above it.
+
+    ``values`` decides the colours (scaled to ``low``..``high``); ``text`` formats each entry inside its cell.
+    Returns the box (x, y, width, height) the grid occupies.
+    """
+    import matplotlib as mpl
+
+    values = np.asarray(values, dtype=float)
+    rows, cols = values.shape
+    low = values.min() if low is None else low
+    high = values.max() if high is None else high
+    colours = mpl.colormaps[cmap]((values - low) / max(high - low, 1e-12))
+    for r in range(rows):
+        for c in range(cols):
+            cx, cy = x + c * cell, y + (rows - 1 - r) * cell
+            _box(ax, cx, cy, cell, cell, face=colours[r, c], edge="white")
+            if text is not None:
+                luminance = 0.299 * colours[r, c, 0] + 0.587 * colours[r, c, 1] + 0.114 * colours[r, c, 2]
+                ax.text(cx + cell / 2, cy + cell / 2, text(values[r, c]), ha="center", va="center",
+                        fontsize=6.5, color="black" if luminance > 0.5 else "white")
+    width, height = cols * cell, rows * cell
+    ax.add_patch(mpl.patches.Rectangle((x, y), width, height, fill=False, edgecolor=INK, linewidth=1))
+    ax.text(x + width / 2, y + height + 0.08, label, ha="center", va="bottom", fontsize=9.5)
+    return x, y, width, height
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# chapters 1-3
+
+
+def one_query_dataflow(query, keys, values, weights, output, t=1):
+    """Chapter 1: one query against every key, its scores, the division by sqrt(d_k), the weights, the mix.
+
+    ``query`` is q_t (d_k,), ``keys`` and ``values`` are (n, d_k) and (n, d_v), ``weights`` the softmax weights
+    (n,) and ``output`` the weighted mix (d_v,); ``t`` is the 1-based position of the query, as in chapter 1.
+    """
+    query, keys, values = np.asarray(query), np.asarray(keys), np.asarray(values)
+    weights, output = np.asarray(weights), np.asarray(output)
+    n, d_k = keys.shape
+    scores = keys @ query
+    scaled = scores / np.sqrt(d_k)
+    row_h, box_h, top = 0.66, 0.48, 0.75 + 0.66 * n
+    fig, ax = _canvas(10.4, top + 0.5)
+    size = 9.5  # the numbers: the figure is shown about 0.75 times its size in the book's column
+    # column: (left edge, width)
+    columns = {"key": (1.95, 2.05), "score": (4.3, 0.85), "scaled": (5.4, 0.85), "weight": (6.5, 0.95),
+               "value": (7.8, 1.65)}
+    heads = {"key": "key $k_j$", "score": f"$q_{t} \\cdot k_j$", "scaled": f"$\\div\\sqrt{{{d_k}}}$",
+             "weight": f"weight $\\alpha_{{{t}j}}$", "value": "value $v_j$"}
+    for name, (x, w) in columns.items():
+        ax.text(x + w / 2, top + 0.12, heads[name], ha="center", fontsize=11)
+    centre = 0.75 + row_h * n / 2
+    _box(ax, 0.05, centre - 0.3, 1.68, 0.6, _numbers(query), face="#E8F1F8", size=size)
+    ax.text(0.89, centre + 0.42, f"query $q_{t}$", ha="center", fontsize=11, color=BLUE)
+    right = {name: x + w for name, (x, w) in columns.items()}
+    out_x, out_w = 9.7, 0.68
+    for j in range(n):
+        y = top - (j + 1) * row_h
+        mid = y + box_h / 2
+        _arrow(ax, (1.73, centre), (columns["key"][0] - 0.02, mid), colour=BLUE, width=0.8)
+        _box(ax, columns["key"][0], y, columns["key"][1], box_h, f"{j + 1}: " + _numbers(keys[j]), size=size)
+        _arrow(ax, (right["key"], mid), (columns["score"][0], mid))
+        _box(ax, columns["score"][0], y, columns["score"][1], box_h, f"{scores[j]:+.3f}", size=size)
+        _arrow(ax, (right["score"], mid), (columns["scaled"][0], mid))
+        _box(ax, columns["scaled"][0], y, columns["scaled"][1], box_h, f"{scaled[j]:+.3f}", size=size)
+        _arrow(ax, (right["scaled"], mid), (columns["weight"][0], mid))
+        x_w, w_w = columns["weight"]
+        _box(ax, x_w, y, w_w, box_h)
+        _box(ax, x_w, y, w_w * weights[j], box_h, face=ORANGE, edge=ORANGE)
+        ax.text(x_w + w_w - 0.05, mid, f"{weights[j]:.3f}", ha="right", va="center", fontsize=size,
+                family="monospace")
+        ax.text(columns["value"][0] - 0.15, mid, "×", ha="center", va="center", fontsize=12)
+        _box(ax, columns["value"][0], y, columns["value"][1], box_h, _numbers(values[j]), size=size)
+        _arrow(ax, (right["value"], mid), (out_x, centre), colour=GREEN, width=0.8)
+    ax.text(x_w + w_w / 2, 0.42, "softmax: each $e^{s_j}$ over their sum; the bars add to 1",
+            ha="center", fontsize=9.5, color="0.3")
+    ax.text(out_x + out_w / 2, centre + 0.72, f"output$_{t}$", ha="center", fontsize=11, color=GREEN)
+    ax.text(out_x + out_w / 2, top + 0.12, f"$\\sum_j \\alpha_{{{t}j}} v_j$", ha="center", fontsize=11)
+    _box(ax, out_x, centre - 0.6, out_w, 1.2, "\n".join(f"{x:+.3f}" for x in output), face="#E6F4EF",
+         size=size)
+    ax.text(0.05, 0.08, f"n = {n} keys, d_k = {d_k}; the numbers are chapter 1's, rounded for the picture",
+            fontsize=9, color="0.35")
+    return fig
+
+
+def matrix_form(Q, K, A, V, out, scale=None):
+    """Chapter 2: softmax(Q Kᵀ · scale) V as blocks, each drawn from its own entries and labelled with its shape.
+
+    The sizes follow the library's vocabulary: L queries and S keys of size E, values of size Ev.
+    """
+    import matplotlib as mpl
+
+    Q, K, A, V, out = (np.asarray(x, dtype=float) for x in (Q, K, A, V, out))
+    L, E = Q.shape
+    S, Ev = V.shape
+    scale = 1 / np.sqrt(E) if scale is None else scale
+    scores = Q @ K.T * scale
+    cell = 0.4  # inches: the figure is shown about 0.8 times its size in the book's column
+    y_low, y_top = 0.75, 0.75 + L * cell + 1.25
+    x_s = 0.3 + E * cell + 0.7 + S * cell + 1.25  # where the score block starts
+    x_o = 0.3 + S * cell + 0.7 + Ev * cell + 0.7  # where the output block starts
+    width = max(x_s + S * cell, x_o + Ev * cell + 2.6) + 0.15
+    fig, ax = _canvas(width, y_top + L * cell + 0.45)
+
+    def block(x, y, values, label, cmap="cividis", low=None, high=None, numbers=False):
+        bound = np.abs(values).max()  # signed entries: 0 sits mid-scale
+        low, high = (-bound, bound) if low is None else (low, high)
+        box = _grid(ax, x, y, values, cell, cmap, label, low, high)
+        if numbers:  # each entry inside its cell, dark on light colours and light on dark ones
+            colours = mpl.colormaps[cmap]((values - low) / max(high - low, 1e-12))
+            rows, cols = values.shape
+            for r in range(rows):
+                for c in range(cols):
+                    luminance = colours[r, c, :3] @ [0.299, 0.587, 0.114]
+                    ax.text(x + (c + 0.5) * cell, y + (rows - 0.5 - r) * cell, _two_digits(values[r, c]),
+                            ha="center", va="center", fontsize=8.5,
+                            color="black" if luminance > 0.5 else "white")
+        return box
+
+    def operator(x, y, symbol, size=16):
+        ax.text(x, y, symbol, ha="center", va="center", fontsize=size, color=INK)
+
+    _, _, wq, hq = block(0.3, y_top, Q, f"$Q$  (L, E) = ({L}, {E})")
+    operator(0.3 + wq + 0.35, y_top + hq / 2, "@")
+    block(0.3 + wq + 0.7, y_top + (hq - E * cell) / 2, K.T, f"$K^\\top$  (E, S) = ({E}, {S})")
+    operator(x_s - 0.6, y_top + hq / 2 + 0.1, f"$\\times\\frac{{1}}{{\\sqrt{{{E}}}}}$", 13)
+    operator(x_s - 0.6, y_top + hq / 2 - 0.4, "=", 14)
+    block(x_s, y_top, scores, f"scores $S$  (L, S) = ({L}, {S})", numbers=True)
+    start, end = (x_s - 0.1, y_top + 0.1), (0.3 + S * cell + 0.25, y_low + L * cell + 0.05)
+    _arrow(ax, start, end)
+    angle = np.degrees(np.arctan2(start[1] - end[1], start[0] - end[0]))  # 1 unit = 1 inch both ways
+    ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.06, "softmax of each row", fontsize=10,
+            ha="center", va="bottom", rotation=angle, rotation_mode="anchor")
+    block(0.3, y_low, A, f"weights $A$  (L, S) = ({L}, {S})", "viridis", 0.0, A.max(), numbers=True)
+    x_v = 0.3 + S * cell + 0.7
+    operator(x_v - 0.35, y_low + L * cell / 2, "@")
+    block(x_v, y_low + (L - S) * cell / 2, V, f"$V$  (S, Ev) = ({S}, {Ev})")
+    operator(x_o - 0.35, y_low + L * cell / 2, "=")
+    block(x_o, y_low, out, f"output  (L, Ev) = ({L}, {Ev})")
+    ax.text(x_o + Ev * cell + 0.3, y_low + L * cell / 2,
+            "row i of $S$: query i against\nevery key (one dot product each)\n\n"
+            "row i of $A$: how query i shares\nits attention among the S keys\n\n"
+            "row i of the output: those\nshares of the values, mixed",
+            va="center", fontsize=9.5, color="0.3")
+    ax.text(0.3, 0.1, f"L = S = {L} tokens, E = Ev = {E}: chapter 2's sentence. Colour shows each entry's value"
+            "\n(cividis for signed numbers, viridis for weights).", fontsize=9, color="0.35")
+    return fig
+
+
+def saturation(score_rows, labels):
+    """Chapter 3: for each score vector, its softmax weights and the softmax Jacobian diag(p) - p pᵀ.
+
+    A spread-out row passes gradient through every entry of the Jacobian; a saturated one closes it.
+    """
+    import matplotlib.pyplot as plt
+
+    from lib.attention import softmax
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    rows = len(score_rows)
+    fig, axes = plt.subplots(rows, 3, figsize=(10, 2.9 * rows), gridspec_kw={"width_ratios": [1, 1, 1.1]})
+    axes = np.atleast_2d(axes)
+    for r, (scores, label) in enumerate(zip(score_rows, labels)):
+        scores = np.asarray(scores, dtype=float)
+        p = softmax(scores)
+        jac = np.diag(p) - np.outer(p, p)
+        keys = np.arange(len(scores))
+        ax_s, ax_p, ax_j = axes[r]
+        ax_s.bar(keys, scores, color=BLUE)
+        ax_s.set(title=f"scores: {label}", xticks=keys, xlabel="key")
+        ax_p.bar(keys, p, color=ORANGE)
+        ax_p.set(title=f"weights, largest {p.max():.3f}", xticks=keys, ylim=(0, 1.05), xlabel="key")
+        bound = 0.25
+        ax_j.imshow(jac, cmap="cividis", vmin=-bound, vmax=bound)
+        ax_j.grid(False)
+        colours = plt.get_cmap("cividis")((jac + bound) / (2 * bound))
+        for i in keys:
+            for j in keys:
+                entry = "0" if abs(jac[i, j]) < 5e-4 else f"{jac[i, j]:+.3f}"
+                light = colours[i, j, :3] @ [0.299, 0.587, 0.114] > 0.5  # dark text on light cells
+                ax_j.text(j, i, entry, ha="center", va="center", fontsize=8,
+                          color="black" if light else "white")
+        norm = np.linalg.norm(jac)
+        ax_j.set(title=f"Jacobian $\\partial p_i/\\partial s_j$, norm {norm:.3g}", xticks=keys, yticks=keys,
+                 xlabel="score j", ylabel="weight i")
+    fig.suptitle("Large score gaps saturate the weights and close the Jacobian the gradient passes through")
+    fig.tight_layout()
+    return fig
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # chapter 10: the ring's schedule, which key block each rank holds at each step and the causal work it does
 
