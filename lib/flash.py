@@ -50,40 +50,52 @@ class Tiles:
     block_m: int  # queries in a tile
     block_n: int  # keys in a tile
     num_warps: int  # 32-thread groups that share one program
-    num_stages: int  # how many key tiles the compiler may prefetch ahead of the one being used
+    num_stages: int  # depth of the ring buffer of tiles in shared memory: num_stages − 1 loads in flight
+    max_head: int = 256  # offered to the tuner only when E and Ev, padded, are at most this (registers run out)
 
 
 # Small tiles for Triton's interpreter: at test sizes every case still crosses several tiles in each direction.
 INTERPRETER_TILES = Tiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
-# On a GPU each kernel is timed once per problem shape with each of its own list and keeps the fastest
+# On a GPU each kernel is timed once per problem shape with each choice of its own list and keeps the fastest
 # (triton.autotune). Larger query tiles reuse each key tile for more queries; larger key tiles mean fewer
 # rescales; both cost shared memory and registers. Every choice is compiled for an H100 (sm_90) by
-# tools/compile_report.py in CI: none spills registers at head sizes 64 and 128, all fit its shared memory, and
-# every tile's matrix products compile to the asynchronous warpgroup instruction (wgmma), which needs a tile
-# dimension of at least 64 on the product's left side.
-FORWARD_TILES = (
-    Tiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
-    Tiles(block_m=128, block_n=64, num_warps=8, num_stages=2),
-    Tiles(block_m=128, block_n=128, num_warps=8, num_stages=2),
-    Tiles(block_m=64, block_n=64, num_warps=4, num_stages=4),
-    Tiles(block_m=64, block_n=64, num_warps=4, num_stages=3),
+# tools/compile_report.py in CI, as the JIT specialises a contiguous bfloat16 launch: at head sizes 64 and 128
+# (where its max_head allows) none spills registers and all fit one block's shared memory. The products compile
+# to the asynchronous warpgroup instruction (wgmma) when the product's left operand has at least 64 rows; the
+# exceptions are named below.
+T = Tiles
+FORWARD_TILES = (  # left operands: the query tile (BLOCK_M rows) and the weights P (BLOCK_M rows)
+    T(128, 64, num_warps=8, num_stages=3),
+    T(128, 64, num_warps=8, num_stages=2),
+    T(128, 128, num_warps=8, num_stages=2),
+    T(64, 64, num_warps=4, num_stages=3),
+    T(128, 64, num_warps=4, num_stages=3, max_head=64),  # spills 140 bytes at head size 128
+    T(128, 128, num_warps=8, num_stages=3, max_head=64),  # 224 of 227 KiB at 128: no room for a change
 )
-# The dK/dV kernel's left operand is a key tile (BLOCK_N rows), so BLOCK_N >= 64; BLOCK_M, the query tile it walks,
-# may be smaller.
-BACKWARD_KV_TILES = (
-    Tiles(block_m=64, block_n=64, num_warps=8, num_stages=2),
-    Tiles(block_m=64, block_n=64, num_warps=8, num_stages=3),
-    Tiles(block_m=32, block_n=128, num_warps=8, num_stages=2),
-    Tiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
-    Tiles(block_m=32, block_n=64, num_warps=4, num_stages=3),
+BACKWARD_KV_TILES = (  # the two-kernel (deterministic) path's dK/dV kernel: left operands are key tiles
+    T(64, 64, num_warps=8, num_stages=3),
+    T(64, 64, num_warps=8, num_stages=2, max_head=64),
+    T(32, 128, num_warps=8, num_stages=2),
+    T(64, 128, num_warps=8, num_stages=2, max_head=64),
+    T(32, 64, num_warps=4, num_stages=3),
 )
-# The dQ kernel's left operand is a query tile: BLOCK_M >= 64, or its products fall back to the older mma.sync.
-BACKWARD_Q_TILES = (
-    Tiles(block_m=64, block_n=64, num_warps=4, num_stages=3),
-    Tiles(block_m=64, block_n=64, num_warps=8, num_stages=2),
-    Tiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
-    Tiles(block_m=128, block_n=64, num_warps=8, num_stages=2),
-    Tiles(block_m=64, block_n=32, num_warps=4, num_stages=3),
+# The atomic path's dK/dV kernel also holds a (BLOCK_M, E) share of dQ: at head size 128 only 32-query tiles leave
+# it registers enough, and a 32-row left operand puts that one product (dS K) on the older mma.sync.
+BACKWARD_KV_ATOMIC_TILES = (
+    T(64, 64, num_warps=8, num_stages=2, max_head=64),
+    T(64, 64, num_warps=8, num_stages=3, max_head=64),
+    T(64, 128, num_warps=8, num_stages=2, max_head=64),
+    T(32, 128, num_warps=8, num_stages=2),
+    T(32, 128, num_warps=8, num_stages=3),
+    T(32, 64, num_warps=8, num_stages=3),
+)
+BACKWARD_Q_TILES = (  # the dQ kernel: its left operand is a query tile, so BLOCK_M >= 64 (with 32, mma.sync)
+    T(64, 64, num_warps=4, num_stages=3),
+    T(64, 64, num_warps=8, num_stages=2),
+    T(64, 64, num_warps=8, num_stages=3),
+    T(128, 64, num_warps=8, num_stages=2),
+    T(64, 32, num_warps=4, num_stages=3),
+    T(64, 128, num_warps=8, num_stages=2, max_head=64),
 )
 BACKWARD_TILES = BACKWARD_KV_TILES  # the name the sweeps used before the dQ kernel had its own list
 
@@ -487,9 +499,16 @@ def _launcher(kernel, choices, reset_to_zero=None):
         triton.Config({"BLOCK_M": t.block_m, "BLOCK_N": t.block_n}, num_warps=t.num_warps, num_stages=t.num_stages)
         for t in choices
     ]
+    limit = {id(c): t.max_head for c, t in zip(configs, choices)}
+
+    def fitting(configs, named_args, **kwargs):  # the choices that compile without spilling at this head size
+        head = max(kwargs["BLOCK_E"], kwargs["BLOCK_EV"])
+        return [c for c in configs if head <= limit[id(c)]] or configs
+
     tuned = None
     if not INTERPRETED:
-        tuned = triton.autotune(configs=configs, key=_tune_keys(kernel), reset_to_zero=reset_to_zero)(kernel)
+        tuned = triton.autotune(configs=configs, key=_tune_keys(kernel), reset_to_zero=reset_to_zero,
+                                prune_configs_by={"early_config_prune": fitting})(kernel)
 
     def launch(grid, *args, tiles=None, **kw):
         if tiles is None and tuned is not None:
@@ -502,7 +521,8 @@ def _launcher(kernel, choices, reset_to_zero=None):
 
 
 _run_forward = _launcher(_flash_forward, FORWARD_TILES)
-_run_backward_kv = _launcher(_flash_backward_kv, BACKWARD_KV_TILES, reset_to_zero=["DQ_ACC"])
+_run_backward_kv = _launcher(_flash_backward_kv, BACKWARD_KV_TILES)
+_run_backward_kv_atomic = _launcher(_flash_backward_kv, BACKWARD_KV_ATOMIC_TILES, reset_to_zero=["DQ_ACC"])
 _run_backward_q = _launcher(_flash_backward_q, BACKWARD_Q_TILES)
 PREPROCESS_ROWS = 64  # rows of dO and O per program of the delta kernel
 
@@ -570,7 +590,8 @@ def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_ti
             dq_acc = torch.zeros((Z, L, E), device=q.device, dtype=torch.float32)  # (Z, L, E), summed by atomics
         else:
             dq_acc = torch.zeros(1, device=q.device, dtype=torch.float32)  # not read: ATOMIC is off
-        _run_backward_kv(
+        run_kv = _run_backward_kv_atomic if variant.atomic_dq else _run_backward_kv
+        run_kv(
             _grid(S, Z, "BLOCK_N"), q, k, v, do, lse, delta, dk, dv, dq_acc, *strides, *dk.stride(), *dv.stride(),
             *(dq_acc.stride()[:2] if variant.atomic_dq else (0, 0)), L, S, scale * LOG2_E, scale, *tune,
             ATOMIC=variant.atomic_dq, tiles=tiles, **common,

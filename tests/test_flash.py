@@ -268,14 +268,16 @@ def test_cuda_float32_and_cross_attention_match_sdpa():
 
 @needs_interpreter
 def test_the_gpu_benchmark_runs_end_to_end_in_the_interpreter(tmp_path):
-    # The benchmark's CUDA timing cannot run here, but everything else can: the grid, the comparison with SDPA,
-    # the profiler's backend name and the CSV file that chapter 8 plots.
+    # The benchmark's GPU timing cannot run here, but everything else can: every rung of the ladder, the comparison
+    # with SDPA, the profiler's backend name at the timed shape and the CSV file that chapter 8 plots.
     table = tmp_path / "gpu.csv"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_gpu.py"), "--device", "cpu", "--dtypes",
            "float32", "--d", "16", "--sizes", "20", "--batch", "1", "--heads", "2", "--reps", "1", "--csv", str(table)]
     result = subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": ROOT})
     assert "sdpa runs _scaled_dot_product_flash_attention_for_cpu" in result.stdout
-    assert result.stdout.count("lib.flash_attention") == 4  # full and causal, forward and forward + backward
+    for rung in flash.LADDER:  # full and causal, forward and forward + backward
+        assert result.stdout.count(f"lib.flash_attention {rung} ") == 4, rung
     rows = table.read_text().splitlines()
-    assert rows[0] == "device,torch,triton,cuda,date,dtype,causal,d,n,pass,impl,ms,tflops"
-    assert len(rows) == 1 + 4 * 4
+    assert rows[0] == "device,torch,triton,cuda,date,timer,dtype,causal,d,n,pass,impl,backend,ms,tflops"
+    assert len(rows) == 1 + 4 * (1 + len(flash.LADDER))
+    assert {r.split(",")[11] for r in rows[1:]} == {"sdpa", *flash.LADDER}

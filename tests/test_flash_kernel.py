@@ -61,8 +61,8 @@ def test_every_forward_tile_choice_computes_attention(problem, tiles, causal):
 
 @needs_interpreter
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("atomic", [True, False], ids=["atomic-dq", "two-kernels"])
-@pytest.mark.parametrize("tiles", flash.BACKWARD_KV_TILES, ids=str)
+@pytest.mark.parametrize("atomic, tiles", [(True, t) for t in flash.BACKWARD_KV_ATOMIC_TILES]
+                         + [(False, t) for t in flash.BACKWARD_KV_TILES], ids=str)
 def test_every_dk_dv_tile_choice_computes_the_gradients(problem, tiles, atomic, causal):
     q, k, v, do, expected = problem
     variant = flash.Variant(atomic_dq=atomic)
@@ -86,8 +86,9 @@ def test_tile_lists_keep_the_tensor_core_shapes():
     # wgmma takes 64 rows of the left operand per warpgroup: the dQ kernel's left operand is a query tile, the
     # dK/dV kernel's a key tile. Smaller tiles compile to the older mma.sync (tools/compile_report.py shows it).
     assert all(t.block_m >= 64 for t in flash.FORWARD_TILES + flash.BACKWARD_Q_TILES)
-    assert all(t.block_n >= 64 for t in flash.BACKWARD_KV_TILES)
-    assert all(t.num_warps * 32 <= 1024 for t in flash.FORWARD_TILES + flash.BACKWARD_KV_TILES)
+    assert all(t.block_n >= 64 for t in flash.BACKWARD_KV_TILES + flash.BACKWARD_KV_ATOMIC_TILES)
+    for tiles in (flash.FORWARD_TILES, flash.BACKWARD_KV_TILES, flash.BACKWARD_KV_ATOMIC_TILES, flash.BACKWARD_Q_TILES):
+        assert len(set(tiles)) == len(tiles) and any(t.max_head >= 128 for t in tiles)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
