@@ -19,7 +19,7 @@ def score_ledger_bars(ledgers, measured=None, ax=None):
     import matplotlib.pyplot as plt
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(7.5, 3.4))
+        _, ax = plt.subplots(figsize=(7.5, 3.8))
     rows = list(ledgers.items())
     for i, (label, ledger) in enumerate(rows):
         left = 0.0
@@ -35,8 +35,9 @@ def score_ledger_bars(ledgers, measured=None, ax=None):
                     label="SDPA measured (cuDNN)" if i == 0 else None)
     ax.set_yticks(range(len(rows)), [label for label, _ in rows])
     ax.set_xlabel("picoseconds per score (one query-key pair), whole GPU")
+    ax.set_title("At d = 64 the exponentials cost as much as the products")
     ax.invert_yaxis()
-    ax.legend(loc="lower right", fontsize=9, framealpha=0.9)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=9, frameon=False)
     ax.grid(axis="y", visible=False)
     return ax
 
@@ -53,13 +54,14 @@ def forward_tile_budget(tiles_kib, capacities_kib, ax=None):
         ax.barh(i, capacities_kib[memory], color="none", edgecolor="black", lw=1)
         left = 0.0
         for j, (what, kib) in enumerate(parts.items()):
-            ax.barh(i, kib, left=left, color=colors[(2 * i + j) % len(colors)], edgecolor="white")
+            ax.barh(i, kib, left=left, color=colors[(3 * i + j) % len(colors)], edgecolor="white")
             if kib >= 12:
                 ax.text(left + kib / 2, i, f"{what}\n{kib:.0f}", ha="center", va="center", fontsize=8)
             left += kib
         ax.text(capacities_kib[memory] + 3, i, f"of {capacities_kib[memory]:.0f} KiB", va="center", fontsize=9)
     ax.set_yticks(range(len(tiles_kib)), list(tiles_kib))
     ax.set_xlabel("KiB on one SM")
+    ax.set_title("One program of the forward kernel fills most of an SM")
     ax.set_xlim(0, max(capacities_kib.values()) * 1.18)
     ax.invert_yaxis()
     ax.grid(axis="y", visible=False)
