@@ -108,16 +108,20 @@ class Variant:
     delta_kernel: bool = True  # backward: D = rowsum(dO ∘ O) in a Triton kernel, not in eager PyTorch
     atomic_dq: bool = True  # backward: 5 products in one kernel, dQ summed in float32 by atomic adds (not bitwise
     #                         reproducible); off: 7 products in two kernels, each output written by one program
+    tma: bool = False  # forward: key and value tiles through tensor descriptors (TMA on Hopper), where strides allow
 
 
 DEFAULT = Variant()
 DETERMINISTIC = Variant(atomic_dq=False)
-# The ladder benchmarks/bench_gpu.py climbs: the kernel as first written, then one change at a time.
+# The ladder benchmarks/bench_gpu.py climbs: the kernel as first written, then one change at a time. (Asking
+# Triton 3.9 to warp-specialise the key loop, tl.range(..., warp_specialize=True), left this kernel's sm_90 machine
+# code unchanged, so that step is not a rung.)
 LADDER = {
     "first": Variant(fold_scale=False, delta_kernel=False, atomic_dq=False),
     "+fold-scale": Variant(fold_scale=True, delta_kernel=False, atomic_dq=False),
     "+delta-kernel": Variant(fold_scale=True, delta_kernel=True, atomic_dq=False),
     "+atomic-dq": Variant(fold_scale=True, delta_kernel=True, atomic_dq=True),
+    "+tma": Variant(fold_scale=True, delta_kernel=True, atomic_dq=True, tma=True),
 }
 
 
@@ -156,24 +160,29 @@ def _split_program(n_rows, BLOCK: tl.constexpr):
 def _forward_tiles(
     acc, l_i, m_i, q, K_z, V_z, lo, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
     E: tl.constexpr, EV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, FOLD: tl.constexpr,
+    PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr,
 ):
     """The online softmax over key tiles lo, lo + BLOCK_N, ... < hi. MASKED tiles may reach past S or into a
     row's causal future; the others are wholly allowed, and skip the comparisons. A tile's addresses are formed
     where it is loaded, from the tile's 64-bit base and 32-bit offsets within it: a tensor of BLOCK_E × BLOCK_N
-    pointers kept across the loop would take registers that the matrix products need."""
+    pointers kept across the loop would take registers that the matrix products need. TMA: K_z and V_z are tensor
+    descriptors, and one instruction copies a whole tile (rows past S and columns past E arrive as zeros)."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + cols0  # (BLOCK_N,) key indices of this tile
-        K_t = K_z + tl.cast(start_n, tl.int64) * sk_s  # this tile's first key, a 64-bit scalar
-        V_t = V_z + tl.cast(start_n, tl.int64) * sv_s
-        kt_ptrs = K_t + cols0[None, :] * sk_s + offs_e[:, None] * sk_e  # (BLOCK_E, BLOCK_N): kᵀ of this tile
-        v_ptrs = V_t + cols0[:, None] * sv_s + offs_ev[None, :] * sv_e  # (BLOCK_N, BLOCK_EV)
-        if MASKED:
-            kt = tl.load(kt_ptrs, mask=(offs_e[:, None] < E) & (cols[None, :] < S), other=0.0)
-            v = tl.load(v_ptrs, mask=(cols[:, None] < S) & (offs_ev[None, :] < EV), other=0.0)
+        if TMA:
+            kt = tl.trans(K_z.load([start_n, 0]))  # (BLOCK_E, BLOCK_N)
+            v = V_z.load([start_n, 0])  # (BLOCK_N, BLOCK_EV)
         else:
-            kt = tl.load(kt_ptrs, mask=offs_e[:, None] < E, other=0.0)  # (BLOCK_E, BLOCK_N)
-            v = tl.load(v_ptrs, mask=offs_ev[None, :] < EV, other=0.0)  # (BLOCK_N, BLOCK_EV)
+            K_t = K_z + tl.cast(start_n, tl.int64) * sk_s  # this tile's first key, a 64-bit scalar
+            V_t = V_z + tl.cast(start_n, tl.int64) * sv_s
+            kt_ptrs = K_t + cols0[None, :] * sk_s + offs_e[:, None] * sk_e  # (BLOCK_E, BLOCK_N): kᵀ of this tile
+            v_ptrs = V_t + cols0[:, None] * sv_s + offs_ev[None, :] * sv_e  # (BLOCK_N, BLOCK_EV)
+            if MASKED:
+                kt = tl.load(kt_ptrs, mask=(offs_e[:, None] < E) & (cols[None, :] < S), other=0.0)
+                v = tl.load(v_ptrs, mask=(cols[:, None] < S) & (offs_ev[None, :] < EV), other=0.0)
+            else:
+                kt = tl.load(kt_ptrs, mask=offs_e[:, None] < E, other=0.0)  # (BLOCK_E, BLOCK_N)
+                v = tl.load(v_ptrs, mask=offs_ev[None, :] < EV, other=0.0)  # (BLOCK_N, BLOCK_EV)
         s = tl.dot(q, kt, input_precision=PRECISION)  # (BLOCK_M, BLOCK_N), raw scores q · k
         if not FOLD:
             s = s * qk_scale  # the extra multiply per score
@@ -210,7 +219,7 @@ def _flash_forward(
     sq_z, sq_l, sq_e, sk_z, sk_s, sk_e, sv_z, sv_s, sv_e, so_z, so_l, so_e,
     L, S, qk_scale, TUNE_L, TUNE_S, TUNE_Z,
     E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr, FOLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     z, start_m = _split_program(L, BLOCK_M)  # batch·head index and the first query row of this program
     z = z.to(tl.int64)  # 64-bit so that z · stride cannot overflow
@@ -227,6 +236,9 @@ def _flash_forward(
     )  # (BLOCK_M, BLOCK_E), read once and kept on chip
     K_z = K + z * sk_z  # this z's keys and values
     V_z = V + z * sv_z
+    if TMA:  # the same, as tensor descriptors: shape, strides (the last is 1) and the tile a copy brings
+        K_z = tl.make_tensor_descriptor(K_z, shape=[S, E], strides=[sk_s, 1], block_shape=[BLOCK_N, BLOCK_E])
+        V_z = tl.make_tensor_descriptor(V_z, shape=[S, EV], strides=[sv_s, 1], block_shape=[BLOCK_N, BLOCK_EV])
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of each row's scores (base 2)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m)
     acc = tl.zeros([BLOCK_M, BLOCK_EV], tl.float32)  # running sum of exp2(s - m) v
@@ -241,11 +253,11 @@ def _flash_forward(
         full = (S // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _forward_tiles(
         acc, l_i, m_i, q, K_z, V_z, 0, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
-        E, EV, False, CAUSAL, BLOCK_N, PRECISION, FOLD,
+        E, EV, False, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA,
     )
     acc, l_i, m_i = _forward_tiles(
         acc, l_i, m_i, q, K_z, V_z, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
-        E, EV, True, CAUSAL, BLOCK_N, PRECISION, FOLD,
+        E, EV, True, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA,
     )
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # a row with no key gets 0, not 0/0
@@ -487,7 +499,7 @@ def _bucket(n):
 
 def _tune_keys(kernel):
     """The arguments whose values select a tuned configuration (Triton adds every tensor's dtype)."""
-    keys = ("TUNE_L", "TUNE_S", "TUNE_Z", "E", "EV", "CAUSAL", "FOLD", "ATOMIC")
+    keys = ("TUNE_L", "TUNE_S", "TUNE_Z", "E", "EV", "CAUSAL", "FOLD", "ATOMIC", "TMA")
     return [name for name in keys if name in kernel.arg_names]
 
 
@@ -545,9 +557,31 @@ def _grid(n_rows, Z, block):
     return lambda meta: (triton.cdiv(n_rows, meta[block]) * Z,)
 
 
+def _tma_ready(*tensors):
+    """Whether tensor descriptors can address these tensors: last stride 1, the others and the base 16-byte aligned.
+    Otherwise the kernel keeps its pointer loads, which take any strides."""
+    return all(
+        x.stride(-1) == 1 and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1])
+        and x.data_ptr() % 16 == 0 for x in tensors
+    )
+
+
+_ALLOCATOR_SET = []
+
+
+def _scratch_for_descriptors():
+    """Descriptors made inside a kernel need a little global scratch memory: Triton asks an allocator for it."""
+    if not INTERPRETED and not _ALLOCATOR_SET:
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _ALLOCATOR_SET.append(True)
+
+
 def _forward(q, k, v, causal, scale, tiles=None, variant=None):
     """q (Z, L, E), k (Z, S, E), v (Z, S, Ev) -> output (Z, L, Ev) and logsumexp (Z, L), base 2, float32."""
     variant = variant or DEFAULT
+    tma = variant.tma and _tma_ready(k, v)
+    if tma:
+        _scratch_for_descriptors()
     Z, L, E = q.shape
     S, EV = v.shape[1], v.shape[2]
     o = torch.empty((Z, L, EV), device=q.device, dtype=q.dtype)
@@ -557,7 +591,7 @@ def _forward(q, k, v, causal, scale, tiles=None, variant=None):
             _grid(L, Z, "BLOCK_M"), q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), L, S,
             scale * LOG2_E, _bucket(L), _bucket(S), _bucket(Z),
             E=E, EV=EV, BLOCK_E=_head_block(E), BLOCK_EV=_head_block(EV), CAUSAL=causal,
-            PRECISION=_precision(q.dtype), FOLD=variant.fold_scale, tiles=tiles,
+            PRECISION=_precision(q.dtype), FOLD=variant.fold_scale, TMA=tma, tiles=tiles,
         )
     return o, lse
 

@@ -84,3 +84,16 @@ def test_the_specialisation_is_the_jits():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
                             check=False)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_tma_rung_compiles_to_tensor_memory_copies():
+    code = CODE.format(head=128, kernel="forward", causal=False, loop=True, first=1).replace(
+        "rows = cr.report(", "rows = cr.report(variant=cr.flash.LADDER['+tma'], ")
+    env = {**os.environ, "PYTHONPATH": ROOT, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = json.loads(result.stdout.splitlines()[-1])
+    assert row["spill_bytes"] == 0 and row["shared_bytes"] <= SMEM_PER_BLOCK
+    assert row["loop"].get("UTMALDG", 0) > 0 and row["loop"].get("SYNCS", 0) > 0  # TMA copies, mbarrier waits
+    assert "LDGSTS" not in row["loop"]

@@ -48,10 +48,12 @@ def problem():
 
 @needs_interpreter
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("tiles", flash.FORWARD_TILES, ids=str)
-def test_every_forward_tile_choice_computes_attention(problem, tiles, causal):
+def test_every_forward_tile_choice_computes_attention(problem, tiles, tma, causal):
     q, k, v, _, expected = problem
-    o, lse = flash._forward(q, k, v, causal, SCALE, tiles=tiles)
+    assert flash._tma_ready(k, v)  # so the tma case really takes the descriptors
+    o, lse = flash._forward(q, k, v, causal, SCALE, tiles=tiles, variant=flash.Variant(tma=tma))
     close(o, expected[causal][0], f"output with {tiles}")
     s = (q.double() @ k.double().transpose(-1, -2)) * SCALE
     if causal:
@@ -122,6 +124,16 @@ def test_scores_far_below_zero_leave_ragged_keys_harmless():
             assert leaf.grad.isfinite().all(), name
             # float32 scores near -400 carry absolute errors near 1e-5 into the weights: compare at that scale
             torch.testing.assert_close(leaf.grad.double().cpu(), want, rtol=1e-3, atol=2e-3 * want.abs().max().item())
+
+
+def test_descriptors_only_where_strides_allow_them():
+    x = randn(2, 10, 24)
+    assert flash._tma_ready(x, x)
+    assert not flash._tma_ready(randn(2, 10, 3))  # rows of 12 bytes: not 16-byte aligned
+    assert not flash._tma_ready(x.transpose(1, 2))  # last stride not 1
+    q, k, v = randn(1, 20, 3), randn(1, 20, 3, seed=1), randn(1, 20, 3, seed=2)
+    out = attn.flash_attention(q, k, v, variant=flash.LADDER["+tma"])  # falls back to pointer loads
+    close(out, reference(q, k, v, torch.zeros_like(q), False, 3**-0.5)[0], "output, pointer fallback")
 
 
 def test_the_delta_kernel_matches_the_eager_sum():
