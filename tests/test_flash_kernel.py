@@ -212,3 +212,26 @@ def test_cuda_long_rows_through_a_strided_view_past_2_to_the_31(causal):
     q = k = v = x.transpose(1, 2)
     out = attn.flash_attention(q[:, :1], k[:, :1], v[:, :1], causal=causal)
     assert out[0, 0, -1].float().sum().item() > 0  # the last rows were read, not wrapped to the start
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("rung", list(flash.LADDER))
+def test_cuda_every_rung_is_as_close_as_sdpa_in_bfloat16(rung, causal):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, do = (torch.randn(2, 4, 1024, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+
+    def errors(fn):
+        ref_leaves = [x.float().detach().requires_grad_() for x in (q, k, v)]
+        ref = F.scaled_dot_product_attention(*ref_leaves, is_causal=causal)
+        ref.backward(do.float())
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        out = fn(*leaves)
+        out.backward(do)
+        pairs = zip([out, *(t.grad for t in leaves)], [ref, *(t.grad for t in ref_leaves)])
+        return [(a.float() - b).abs().max().item() for a, b in pairs]
+
+    ours = errors(lambda q, k, v: attn.flash_attention(q, k, v, causal=causal, variant=flash.LADDER[rung]))
+    theirs = errors(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    for name, a, b in zip(["out", "dq", "dk", "dv"], ours, theirs):
+        assert a <= 2 * b + 1e-3, f"{rung} {name}: ours {a:.2e}, SDPA {b:.2e}"
