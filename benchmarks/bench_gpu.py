@@ -191,11 +191,12 @@ def sweep(args, device, timer):
                     scale = d**-0.5
                     o, lse = flash._forward(q, k, v, causal, scale)
                     print(f"{dtype} d {d} n {n} causal {causal}")
-                    kinds = (("forward", flash.FORWARD_TILES), ("backward dK/dV + atomic dQ", flash.BACKWARD_KV_TILES),
+                    kinds = (("forward", flash.FORWARD_TILES),
+                             ("backward dK/dV + atomic dQ", flash.BACKWARD_KV_ATOMIC_TILES),
                              ("backward dK/dV, deterministic", flash.BACKWARD_KV_TILES),
                              ("backward dQ, deterministic", flash.BACKWARD_Q_TILES))
                     for kind, choices in kinds:
-                        for tiles in choices:
+                        for tiles in (t for t in choices if d <= t.max_head):  # the tuner's offer at this d
                             if kind == "forward":
                                 fn = functools.partial(flash._forward, q, k, v, causal, scale, tiles=tiles)
                             elif kind.endswith("atomic dQ"):
