@@ -10,6 +10,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lib import attention as attn
 from lib import flash
@@ -235,3 +237,21 @@ def test_cuda_every_rung_is_as_close_as_sdpa_in_bfloat16(rung, causal):
     theirs = errors(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
     for name, a, b in zip(["out", "dq", "dk", "dv"], ours, theirs):
         assert a <= 2 * b + 1e-3, f"{rung} {name}: ours {a:.2e}, SDPA {b:.2e}"
+
+
+@needs_interpreter
+@settings(max_examples=12, deadline=None)
+@given(
+    L=st.integers(1, 40), S=st.integers(1, 40), E=st.integers(1, 40), Ev=st.integers(1, 20),
+    causal=st.booleans(), rung=st.sampled_from(sorted(flash.LADDER)), seed=st.integers(0, 2**16),
+)
+def test_any_shape_and_rung_matches_sdpa(L, S, E, Ev, causal, rung, seed):
+    q, k, v, do = randn(2, L, E, seed=seed), randn(2, S, E, seed=seed + 1), randn(2, S, Ev, seed=seed + 2), \
+        randn(2, L, Ev, seed=seed + 3)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = attn.flash_attention(*leaves, causal=causal, variant=flash.LADDER[rung])
+    out.backward(do)
+    want, grads = reference(q, k, v, do, causal, E**-0.5)
+    close(out, want.detach(), f"{rung} output")
+    for name, leaf, g in zip("qkv", leaves, grads):
+        close(leaf.grad, g, f"{rung} d{name}")
