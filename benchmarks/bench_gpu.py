@@ -8,7 +8,8 @@
 
 The rungs are lib.flash.LADDER: the kernel as first written ("first"), then one change at a time, each kept:
 the scale folded into the exponent's FMA, the delta term in a Triton kernel, the 5-product backward with dQ summed by
-atomic adds, the forward's key and value tiles loaded through tensor descriptors (TMA). Beside them run torch's SDPA (the backend it picked at each timed shape is named from the profiler,
+atomic adds, the forward's key and value tiles loaded through tensor descriptors (TMA), and, causal, the heaviest
+query blocks launched first (LPT). Beside them run torch's SDPA (the backend it picked at each timed shape is named from the profiler,
 with gradients on when the backward is timed, since that can change its choice) and, on request (--impls),
 lib.attention and lib.tiled_attention.
 
@@ -46,7 +47,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from lib import attention as attn
 
-RUNGS = ("first", "+fold-scale", "+delta-kernel", "+atomic-dq", "+tma")  # lib.flash.LADDER, in order
+RUNGS = ("first", "+fold-scale", "+delta-kernel", "+atomic-dq", "+tma", "+lpt")  # lib.flash.LADDER, in order
 IMPLEMENTATIONS = ("sdpa", *RUNGS, "attention", "tiled")
 DEFAULT_IMPLS = ("sdpa", *RUNGS)
 LABELS = {

@@ -109,6 +109,7 @@ class Variant:
     atomic_dq: bool = True  # backward: 5 products in one kernel, dQ summed in float32 by atomic adds (not bitwise
     #                         reproducible); off: 7 products in two kernels, each output written by one program
     tma: bool = False  # forward: key and value tiles through tensor descriptors (TMA on Hopper), where strides allow
+    lpt: bool = False  # causal: the query blocks with the most key tiles launched first (forward and dQ kernels)
 
 
 DEFAULT = Variant()
@@ -122,6 +123,7 @@ LADDER = {
     "+delta-kernel": Variant(fold_scale=True, delta_kernel=True, atomic_dq=False),
     "+atomic-dq": Variant(fold_scale=True, delta_kernel=True, atomic_dq=True),
     "+tma": Variant(fold_scale=True, delta_kernel=True, atomic_dq=True, tma=True),
+    "+lpt": Variant(fold_scale=True, delta_kernel=True, atomic_dq=True, tma=True, lpt=True),
 }
 
 
@@ -136,11 +138,16 @@ LADDER = {
 
 
 @triton.jit
-def _split_program(n_rows, BLOCK: tl.constexpr):
-    """(z, first row) of this program on a one-axis grid of Z · ⌈n_rows / BLOCK⌉ programs."""
+def _split_program(n_rows, BLOCK: tl.constexpr, REVERSE: tl.constexpr = False):
+    """(z, first row) of this program on a one-axis grid of Z · ⌈n_rows / BLOCK⌉ programs. REVERSE hands out each
+    z's blocks last first: with a causal mask the last query blocks have the most key tiles, and starting the
+    longest jobs first (LPT) leaves fewer SMs idle at the end of the grid."""
     pid = tl.program_id(0)
     n_blocks = tl.cdiv(n_rows, BLOCK)
-    return pid // n_blocks, (pid % n_blocks) * BLOCK
+    block = pid % n_blocks
+    if REVERSE:
+        block = n_blocks - 1 - block
+    return pid // n_blocks, block * BLOCK
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -219,9 +226,10 @@ def _flash_forward(
     sq_z, sq_l, sq_e, sk_z, sk_s, sk_e, sv_z, sv_s, sv_e, so_z, so_l, so_e,
     L, S, qk_scale, TUNE_L, TUNE_S, TUNE_Z,
     E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr, LPT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    z, start_m = _split_program(L, BLOCK_M)  # batch·head index and the first query row of this program
+    z, start_m = _split_program(L, BLOCK_M, CAUSAL and LPT)  # batch·head index, first query row of this program
     z = z.to(tl.int64)  # 64-bit so that z · stride cannot overflow
     rows0 = tl.arange(0, BLOCK_M)  # (BLOCK_M,) row offsets within the tile
     rows = start_m + rows0  # (BLOCK_M,) query indices, for the masks
@@ -446,9 +454,9 @@ def _flash_backward_q(
     sq_z, sq_l, sq_e, sk_z, sk_s, sk_e, sv_z, sv_s, sv_e, sdo_z, sdo_l, sdo_e, sdq_z, sdq_l, sdq_e,
     L, S, qk_scale, scale, TUNE_L, TUNE_S, TUNE_Z,
     E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, LPT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    z, start_m = _split_program(L, BLOCK_M)
+    z, start_m = _split_program(L, BLOCK_M, CAUSAL and LPT)
     z = z.to(tl.int64)
     rows0 = tl.arange(0, BLOCK_M)
     rows = start_m + rows0
@@ -499,7 +507,7 @@ def _bucket(n):
 
 def _tune_keys(kernel):
     """The arguments whose values select a tuned configuration (Triton adds every tensor's dtype)."""
-    keys = ("TUNE_L", "TUNE_S", "TUNE_Z", "E", "EV", "CAUSAL", "FOLD", "ATOMIC", "TMA")
+    keys = ("TUNE_L", "TUNE_S", "TUNE_Z", "E", "EV", "CAUSAL", "FOLD", "ATOMIC", "TMA", "LPT")
     return [name for name in keys if name in kernel.arg_names]
 
 
@@ -591,7 +599,7 @@ def _forward(q, k, v, causal, scale, tiles=None, variant=None):
             _grid(L, Z, "BLOCK_M"), q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), L, S,
             scale * LOG2_E, _bucket(L), _bucket(S), _bucket(Z),
             E=E, EV=EV, BLOCK_E=_head_block(E), BLOCK_EV=_head_block(EV), CAUSAL=causal,
-            PRECISION=_precision(q.dtype), FOLD=variant.fold_scale, TMA=tma, tiles=tiles,
+            PRECISION=_precision(q.dtype), FOLD=variant.fold_scale, TMA=tma, LPT=variant.lpt, tiles=tiles,
         )
     return o, lse
 
@@ -635,7 +643,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_ti
         dq = torch.empty_like(q)
         _run_backward_q(
             _grid(L, Z, "BLOCK_M"), q, k, v, do, lse, delta, dq, *strides, *dq.stride(), L, S, scale * LOG2_E,
-            scale, *tune, tiles=q_tiles, **common,
+            scale, *tune, LPT=variant.lpt, tiles=q_tiles, **common,
         )
     return dq, dk, dv
 

@@ -86,10 +86,11 @@ def test_the_specialisation_is_the_jits():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-@pytest.mark.parametrize("rung", ["first", "+tma"])
+@pytest.mark.parametrize("rung", ["first", "+tma", "+lpt"])
 def test_every_rung_of_the_forward_compiles_without_spills(rung):
-    # The default is compiled above, tile by tile; here the first version (scale not folded) and the TMA rung.
-    code = CODE.format(head=128, kernel="forward", causal=False, loop=True, first=1).replace(
+    # The default is compiled above, tile by tile; here the first version (scale not folded), the TMA rung, and the
+    # LPT rung, which changes only a causal launch's block order.
+    code = CODE.format(head=128, kernel="forward", causal=rung == "+lpt", loop=True, first=1).replace(
         "rows = cr.report(", f"rows = cr.report(variant=cr.flash.LADDER[{rung!r}], ")
     env = {**os.environ, "PYTHONPATH": ROOT, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
