@@ -80,9 +80,10 @@ class Timer:
 
     def __init__(self, device, kind="graph", reps=10):
         self.cuda, self.kind, self.reps = device.type == "cuda", kind, reps
-        self.used = kind if self.cuda else "perf_counter"
+        self.used = kind if self.cuda else "perf_counter"  # what timed the last call
 
     def __call__(self, fn):
+        self.used = self.kind if self.cuda else "perf_counter"
         if not self.cuda:
             start = time.perf_counter()
             fn()
@@ -157,10 +158,11 @@ def run_shape(args, dtype, d, n, causal, passes, device, timer, writer, header):
             torch.cuda.empty_cache()
             continue
         tasks[name], notes[name] = fn, f"max |out - sdpa| {error:.1e}"
-    times = {name: [] for name in tasks}
+    times, timed_by = {name: [] for name in tasks}, {}
     for _ in range(args.reps if not timer.cuda or timer.kind == "events" else 1):
         for name, fn in tasks.items():  # interleaved, so that clock and temperature drift touch all alike
             times[name].append(timer(fn))
+            timed_by[name] = timer.used
     work = flops(B, H, n, d, causal, passes)
     base = statistics.median(times["sdpa"]) if "sdpa" in times else None
     for name in args.impls:
@@ -171,7 +173,7 @@ def run_shape(args, dtype, d, n, causal, passes, device, timer, writer, header):
         ratio = f"{ms / base:6.2f}x" if base else "      "
         print(f"  {n:>6}  {LABELS[name]:<30} {ms:9.3f} ms  {work / ms / 1e9:7.1f} TFLOP/s  {ratio}  {notes[name]}")
         if writer:
-            writer.writerow({**header, "timer": timer.used, "dtype": str(dtype).removeprefix("torch."),
+            writer.writerow({**header, "timer": timed_by[name], "dtype": str(dtype).removeprefix("torch."),
                              "causal": causal, "d": d, "n": n, "pass": passes, "impl": name,
                              "backend": backend if name == "sdpa" else "triton", "ms": round(ms, 4),
                              "tflops": round(work / ms / 1e9, 1)})
