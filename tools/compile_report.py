@@ -329,11 +329,12 @@ def main():
     parser.add_argument("--variant", default=None, choices=list(flash.LADDER), help="a rung of lib.flash.LADDER")
     parser.add_argument("--kernels", nargs="+", default=list(KERNEL_TILES), choices=list(KERNEL_TILES))
     parser.add_argument("--loop", action="store_true", help="also the inner loop's skeleton")
+    parser.add_argument("--first", type=int, default=None, help="compile only each list's first N tile choices")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     variant = flash.LADDER[args.variant] if args.variant else None
-    rows = report(args.head, args.causal, variant, args.kernels, args.loop)
+    rows = report(args.head, args.causal, variant, args.kernels, args.loop, args.first)
     if args.json:
         print(json.dumps(rows, indent=1))
     elif args.markdown:
