@@ -107,3 +107,71 @@ def decode_bytes(batch: int, kv_heads: int, keys: int, E: int, Ev: int, bytes_pe
     least time the step can take, a prediction; divided by a measured time, the bandwidth achieved.
     """
     return batch * kv_heads * keys * (E + Ev) * bytes_per_number
+
+
+# Chapter 8: the ledger per score. A fused attention kernel spends, on each query-key pair (one score), tensor-core
+# FLOPs for its matrix products, one exponential, and a handful of float32 instructions for the online softmax;
+# each goes to its own unit, at its own rate. Dividing by the rates gives the time each unit needs per score.
+# --------------------------------------------------------------------------------------------------------------
+
+# float32 instructions per score in the forward loop, counted in the SASS of lib.flash's loop compiled for sm_90
+# (tools/compile_report.py, 128 × 64 tiles, head size 128): 188 for 32 scores a thread with the scale folded into
+# the exponent's FMA, 218 without. They cover the max, the subtraction, the row sum, the 16-bit pack and the rescale
+# of the accumulator; SDPA's kernels do the same work, in about the same count.
+FP32_PER_SCORE_FOLDED = 188 / 32
+FP32_PER_SCORE_UNFOLDED = 218 / 32
+
+
+@dataclass(frozen=True)
+class ScoreLedger:
+    """What one score costs a fused attention kernel on a GPU: work per unit, and seconds per unit (chapter 8)."""
+
+    gpu: GPU
+    d: int  # head size
+    tensor_flops: float  # per score: 2·d per matrix product
+    exponentials: float  # per score
+    fp32_ops: float  # per score, float32 instructions (one lane each)
+    hbm_bytes: float  # per score: the compulsory traffic (q, k, v, o once) shared over the n scores of a row
+
+    @property
+    def seconds(self) -> dict:
+        """Seconds per score on each unit, at the GPU's datasheet rates."""
+        return {
+            "tensor cores": self.tensor_flops / self.gpu.tensor_flops,
+            "exponential unit": self.exponentials / self.gpu.exp_per_s,
+            "float32 lanes": self.fp32_ops / (self.gpu.fp32_flops / 2),  # an FMA is 2 FLOPs, 1 instruction
+            "HBM": self.hbm_bytes / self.gpu.hbm_bytes_per_s,
+        }
+
+    def bound(self, overlap: str) -> float:
+        """Seconds per score if the units run one after another ("serial"), if the exponentials and the float32
+        work overlap each other but not the products ("softmax"), or if everything overlaps ("full")."""
+        t = self.seconds
+        core, ex, fp = t["tensor cores"], t["exponential unit"], t["float32 lanes"]
+        if overlap == "serial":
+            return max(core + ex + fp, t["HBM"])
+        if overlap == "softmax":
+            return max(core + max(ex, fp), t["HBM"])
+        if overlap == "full":
+            return max(t.values())
+        raise ValueError(f"overlap is 'serial', 'softmax' or 'full'; got {overlap!r}")
+
+    def tflops(self, overlap: str) -> float:
+        """The TFLOP/s a kernel would report under that bound, counting the tensor-core FLOPs only."""
+        return self.tensor_flops / self.bound(overlap) / 1e12
+
+
+def score_ledger(gpu: GPU, d: int, n: int = 4096, products: int = 2, exponentials: float = 1.0,
+                 fp32_ops: float = FP32_PER_SCORE_FOLDED, elt: int = 2) -> ScoreLedger:
+    """The ledger per score of attention with head size ``d`` over ``n`` keys (chapter 8). The forward pass has 2
+    products and 1 exponential a score; a backward pass 5 products (7 with a separate dQ kernel) and 1 or 2."""
+    if d <= 0 or n <= 0 or products <= 0:
+        raise ValueError(f"d, n and products must be positive; got d={d}, n={n}, products={products}")
+    return ScoreLedger(gpu, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n))
+
+
+def predicted_sdpa_tflops(gpu: GPU, d: int, n: int = 4096) -> tuple[float, float]:
+    """The forward TFLOP/s a one-warpgroup-at-a-time kernel lands between (chapter 8): all units in turn, and the
+    softmax's two units overlapping each other. A kernel that overlaps products with softmax can pass the second."""
+    ledger = score_ledger(gpu, d, n)
+    return ledger.tflops("serial"), ledger.tflops("softmax")

@@ -16,6 +16,7 @@ small sizes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import triton.language as tl
 
 from lib.backend import _check_flag, _check_scale
 
-__all__ = ["flash_attention"]
+__all__ = ["LADDER", "Variant", "flash_attention"]
 
 # triton.jit reads TRITON_INTERPRET when it defines each kernel below, so this is read at the same moment.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on", "y")
@@ -49,29 +50,104 @@ class Tiles:
     block_m: int  # queries in a tile
     block_n: int  # keys in a tile
     num_warps: int  # 32-thread groups that share one program
-    num_stages: int  # how many key tiles the compiler may prefetch ahead of the one being used
+    num_stages: int  # depth of the ring buffer of tiles in shared memory: num_stages − 1 loads in flight
+    max_head: int = 256  # offered to the tuner only when E and Ev, padded, are at most this (registers run out)
 
 
 # Small tiles for Triton's interpreter: at test sizes every case still crosses several tiles in each direction.
 INTERPRETER_TILES = Tiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
-# On a GPU each kernel is timed once per problem shape with each of these and keeps the fastest (triton.autotune).
-# Larger query tiles reuse each key tile for more queries; larger key tiles mean fewer rescales; both cost on-chip
-# memory and registers. Compiled for an H100 (sm_90), every backward choice and all but one forward choice (128 × 64
-# with 4 warps at head size 128) run without spilling registers to memory at head sizes 64 and 128.
-FORWARD_TILES = (
-    Tiles(block_m=128, block_n=64, num_warps=4, num_stages=3),
-    Tiles(block_m=128, block_n=64, num_warps=8, num_stages=3),
-    Tiles(block_m=128, block_n=128, num_warps=8, num_stages=3),
-    Tiles(block_m=64, block_n=64, num_warps=4, num_stages=4),
-    Tiles(block_m=64, block_n=32, num_warps=4, num_stages=3),
+# On a GPU each kernel is timed once per problem shape with each choice of its own list and keeps the fastest
+# (triton.autotune). Larger query tiles reuse each key tile for more queries; larger key tiles mean fewer
+# rescales; both cost shared memory and registers. Every choice is compiled for an H100 (sm_90) by
+# tools/compile_report.py in CI, as the JIT specialises a contiguous bfloat16 launch: at head sizes 64 and 128
+# (where its max_head allows) none spills registers and all fit one block's shared memory. The products compile
+# to the asynchronous warpgroup instruction (wgmma) when the product's left operand has at least 64 rows; the
+# exceptions are named below.
+T = Tiles
+FORWARD_TILES = (  # left operands: the query tile (BLOCK_M rows) and the weights P (BLOCK_M rows)
+    T(128, 64, num_warps=8, num_stages=3),
+    T(128, 64, num_warps=8, num_stages=2),
+    T(128, 128, num_warps=8, num_stages=2),
+    T(64, 64, num_warps=4, num_stages=3),
+    T(128, 64, num_warps=4, num_stages=3, max_head=64),  # spills 140 bytes at head size 128
+    T(128, 128, num_warps=8, num_stages=3, max_head=64),  # 224 of 227 KiB at 128: no room for a change
 )
-BACKWARD_TILES = (
-    Tiles(block_m=64, block_n=64, num_warps=8, num_stages=2),
-    Tiles(block_m=64, block_n=64, num_warps=8, num_stages=3),
-    Tiles(block_m=32, block_n=128, num_warps=8, num_stages=2),
-    Tiles(block_m=64, block_n=128, num_warps=8, num_stages=2),
-    Tiles(block_m=32, block_n=64, num_warps=4, num_stages=3),
+BACKWARD_KV_TILES = (  # the two-kernel (deterministic) path's dK/dV kernel: left operands are key tiles
+    T(64, 64, num_warps=8, num_stages=3),
+    T(64, 64, num_warps=8, num_stages=2, max_head=64),
+    T(32, 128, num_warps=8, num_stages=2),
+    T(64, 128, num_warps=8, num_stages=2, max_head=64),
+    T(32, 64, num_warps=4, num_stages=3),
 )
+# The atomic path's dK/dV kernel also holds a (BLOCK_M, E) share of dQ: at head size 128 only 32-query tiles leave
+# it registers enough, and a 32-row left operand puts that one product (dS K) on the older mma.sync.
+BACKWARD_KV_ATOMIC_TILES = (
+    T(64, 64, num_warps=8, num_stages=2, max_head=64),
+    T(64, 64, num_warps=8, num_stages=3, max_head=64),
+    T(64, 128, num_warps=8, num_stages=2, max_head=64),
+    T(32, 128, num_warps=8, num_stages=2),
+    T(32, 128, num_warps=8, num_stages=3),
+    T(32, 64, num_warps=8, num_stages=3),
+)
+BACKWARD_Q_TILES = (  # the dQ kernel: its left operand is a query tile, so BLOCK_M >= 64 (with 32, mma.sync)
+    T(64, 64, num_warps=4, num_stages=3),
+    T(64, 64, num_warps=8, num_stages=2),
+    T(64, 64, num_warps=8, num_stages=3),
+    T(128, 64, num_warps=8, num_stages=2),
+    T(64, 32, num_warps=4, num_stages=3),
+    T(64, 128, num_warps=8, num_stages=2, max_head=64),
+)
+BACKWARD_TILES = BACKWARD_KV_TILES  # the name the sweeps used before the dQ kernel had its own list
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Which of the kernel's design steps are on: each can be switched alone, to be measured alone (chapter 8)."""
+
+    fold_scale: bool = True  # forward: max on raw scores, scale folded into the exponent's FMA (one op less a score)
+    delta_kernel: bool = True  # backward: D = rowsum(dO ∘ O) in a Triton kernel, not in eager PyTorch
+    atomic_dq: bool = True  # backward: 5 products in one kernel, dQ summed in float32 by atomic adds (not bitwise
+    #                         reproducible); off: 7 products in two kernels, each output written by one program
+    tma: bool = False  # forward: key and value tiles through tensor descriptors (TMA on Hopper), where strides allow
+    lpt: bool = False  # causal: the query blocks with the most key tiles launched first (forward and dQ kernels)
+
+
+DEFAULT = Variant()
+DETERMINISTIC = Variant(atomic_dq=False)
+# The ladder benchmarks/bench_gpu.py climbs: the kernel as first written, then one change at a time. (Asking
+# Triton 3.9 to warp-specialise the key loop, tl.range(..., warp_specialize=True), left this kernel's sm_90 machine
+# code unchanged, so that step is not a rung.)
+LADDER = {
+    "first": Variant(fold_scale=False, delta_kernel=False, atomic_dq=False),
+    "+fold-scale": Variant(fold_scale=True, delta_kernel=False, atomic_dq=False),
+    "+delta-kernel": Variant(fold_scale=True, delta_kernel=True, atomic_dq=False),
+    "+atomic-dq": Variant(fold_scale=True, delta_kernel=True, atomic_dq=True),
+    "+tma": Variant(fold_scale=True, delta_kernel=True, atomic_dq=True, tma=True),
+    "+lpt": Variant(fold_scale=True, delta_kernel=True, atomic_dq=True, tma=True, lpt=True),
+}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Addressing. A program's grid index is one integer, split into (z, block): CUDA allows 2³¹ − 1 programs on the
+# grid's first axis but only 65,535 on the second, and B · H alone can pass that. Consecutive programs share z, so
+# the blocks of one head run side by side and read its keys and values through the same L2 lines.
+# Each tile's base address is advanced by a scalar 64-bit offset (z · stride_z + start · stride_row), and only the
+# offsets inside a tile, at most BLOCK · stride, are 32-bit vectors: a (B, L, H, E) tensor seen as (B, H, L, E) has
+# a row stride of H · E, so (L − 1) · H · E passes 2³¹ at L = 524,288 for H = 32, E = 128.
+# --------------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _split_program(n_rows, BLOCK: tl.constexpr, REVERSE: tl.constexpr = False):
+    """(z, first row) of this program on a one-axis grid of Z · ⌈n_rows / BLOCK⌉ programs. REVERSE hands out each
+    z's blocks last first: with a causal mask the last query blocks have the most key tiles, and starting the
+    longest jobs first (LPT) leaves fewer SMs idle at the end of the grid."""
+    pid = tl.program_id(0)
+    n_blocks = tl.cdiv(n_rows, BLOCK)
+    block = pid % n_blocks
+    if REVERSE:
+        block = n_blocks - 1 - block
+    return pid // n_blocks, block * BLOCK
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -80,7 +156,10 @@ BACKWARD_TILES = (
 #            scores of that pair (BLOCK_M, BLOCK_N), and per row the running max m, running sum l and output acc.
 #   reads:   q once; k and v once per query block, ⌈L / BLOCK_M⌉ times in all (about half that when causal).
 #   writes:  its output rows (BLOCK_M, Ev) and their logsumexp (BLOCK_M,), once.
-# Everything is in base 2: s holds score · log2 e, so exp2(s - m) = exp(score - max).
+# Everything is in base 2: m and the logsumexp are in units of score · scale · log2 e, so exp2(s − m) = exp(x − max).
+# FOLD (Variant.fold_scale): the row max is taken on the raw scores, which the positive scale does not reorder, and
+# the scale enters in one fused multiply-add, s · qk_scale − m, right before the exponential, as Triton's tutorial
+# does. Without it every score is first multiplied by qk_scale: one more float32 instruction per score.
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -88,34 +167,55 @@ BACKWARD_TILES = (
 def _forward_tiles(
     acc, l_i, m_i, q, K_z, V_z, lo, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
     E: tl.constexpr, EV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr,
 ):
     """The online softmax over key tiles lo, lo + BLOCK_N, ... < hi. MASKED tiles may reach past S or into a
     row's causal future; the others are wholly allowed, and skip the comparisons. A tile's addresses are formed
-    where it is loaded, from the base pointers K_z, V_z and vectors of offsets: a tensor of BLOCK_E × BLOCK_N
-    pointers kept across the loop would take registers that the matrix products need."""
+    where it is loaded, from the tile's 64-bit base and 32-bit offsets within it: a tensor of BLOCK_E × BLOCK_N
+    pointers kept across the loop would take registers that the matrix products need. TMA: K_z and V_z are tensor
+    descriptors, and one instruction copies a whole tile (rows past S and columns past E arrive as zeros)."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + cols0  # (BLOCK_N,) key indices of this tile
-        kt_ptrs = K_z + cols[None, :] * sk_s + offs_e[:, None] * sk_e  # (BLOCK_E, BLOCK_N): kᵀ of this tile
-        v_ptrs = V_z + cols[:, None] * sv_s + offs_ev[None, :] * sv_e  # (BLOCK_N, BLOCK_EV)
-        if MASKED:
-            kt = tl.load(kt_ptrs, mask=(offs_e[:, None] < E) & (cols[None, :] < S), other=0.0)
-            v = tl.load(v_ptrs, mask=(cols[:, None] < S) & (offs_ev[None, :] < EV), other=0.0)
+        if TMA:
+            kt = tl.trans(K_z.load([start_n, 0]))  # (BLOCK_E, BLOCK_N)
+            v = V_z.load([start_n, 0])  # (BLOCK_N, BLOCK_EV)
         else:
-            kt = tl.load(kt_ptrs, mask=offs_e[:, None] < E, other=0.0)  # (BLOCK_E, BLOCK_N)
-            v = tl.load(v_ptrs, mask=offs_ev[None, :] < EV, other=0.0)  # (BLOCK_N, BLOCK_EV)
-        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
+            K_t = K_z + tl.cast(start_n, tl.int64) * sk_s  # this tile's first key, a 64-bit scalar
+            V_t = V_z + tl.cast(start_n, tl.int64) * sv_s
+            kt_ptrs = K_t + cols0[None, :] * sk_s + offs_e[:, None] * sk_e  # (BLOCK_E, BLOCK_N): kᵀ of this tile
+            v_ptrs = V_t + cols0[:, None] * sv_s + offs_ev[None, :] * sv_e  # (BLOCK_N, BLOCK_EV)
+            if MASKED:
+                kt = tl.load(kt_ptrs, mask=(offs_e[:, None] < E) & (cols[None, :] < S), other=0.0)
+                v = tl.load(v_ptrs, mask=(cols[:, None] < S) & (offs_ev[None, :] < EV), other=0.0)
+            else:
+                kt = tl.load(kt_ptrs, mask=offs_e[:, None] < E, other=0.0)  # (BLOCK_E, BLOCK_N)
+                v = tl.load(v_ptrs, mask=offs_ev[None, :] < EV, other=0.0)  # (BLOCK_N, BLOCK_EV)
+        s = tl.dot(q, kt, input_precision=PRECISION)  # (BLOCK_M, BLOCK_N), raw scores q · k
+        if not FOLD:
+            s = s * qk_scale  # the extra multiply per score
         if MASKED:
             allowed = cols[None, :] < S
             if CAUSAL:
                 allowed = allowed & (cols[None, :] <= rows[:, None])
             s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # (BLOCK_M,)
-        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing allowed yet: exp2(-inf - 0) = 0
-        p = tl.math.exp2(s - m_new[:, None])  # (BLOCK_M, BLOCK_N), weights up to the row's final 1 / l
+        if FOLD:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # (BLOCK_M,)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:  # only a masked tile can leave a row with nothing allowed yet: exp2(-inf - 0) = 0
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if FOLD:
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])  # one FMA and one exponential per score
+        else:
+            p = tl.math.exp2(s - m_new[:, None])  # (BLOCK_M, BLOCK_N), weights up to the row's final 1 / l
         alpha = tl.math.exp2(m_i - m_new)  # rescales what was summed under the old maximum
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)  # (BLOCK_M, BLOCK_EV)
+        if FOLD:  # the tutorial's order: the row sum is folded into l after the product is issued
+            l_ij = tl.sum(p, 1)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+            l_i = l_i * alpha + l_ij
+        else:
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)  # (BLOCK_M, BLOCK_EV)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -124,23 +224,29 @@ def _forward_tiles(
 def _flash_forward(
     Q, K, V, O, LSE,
     sq_z, sq_l, sq_e, sk_z, sk_s, sk_e, sv_z, sv_s, sv_e, so_z, so_l, so_e,
-    L, S, qk_scale,
+    L, S, qk_scale, TUNE_L, TUNE_S, TUNE_Z,
     E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr, LPT: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M  # first query row of this program
-    z = tl.program_id(1).to(tl.int64)  # batch·head index; 64-bit so that z · stride cannot overflow
-    rows = start_m + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    z, start_m = _split_program(L, BLOCK_M, CAUSAL and LPT)  # batch·head index, first query row of this program
+    z = z.to(tl.int64)  # 64-bit so that z · stride cannot overflow
+    rows0 = tl.arange(0, BLOCK_M)  # (BLOCK_M,) row offsets within the tile
+    rows = start_m + rows0  # (BLOCK_M,) query indices, for the masks
     cols0 = tl.arange(0, BLOCK_N)  # (BLOCK_N,) key offsets within a tile
     offs_e = tl.arange(0, BLOCK_E)  # (BLOCK_E,) E padded to a power of two; the padding is loaded as 0
     offs_ev = tl.arange(0, BLOCK_EV)  # (BLOCK_EV,)
+    Q_t = Q + z * sq_z + tl.cast(start_m, tl.int64) * sq_l  # this tile's first query
     q = tl.load(
-        Q + z * sq_z + rows[:, None] * sq_l + offs_e[None, :] * sq_e,
+        Q_t + rows0[:, None] * sq_l + offs_e[None, :] * sq_e,
         mask=(rows[:, None] < L) & (offs_e[None, :] < E),
         other=0.0,
     )  # (BLOCK_M, BLOCK_E), read once and kept on chip
     K_z = K + z * sk_z  # this z's keys and values
     V_z = V + z * sv_z
+    if TMA:  # the same, as tensor descriptors: shape, strides (the last is 1) and the tile a copy brings
+        K_z = tl.make_tensor_descriptor(K_z, shape=[S, E], strides=[sk_s, 1], block_shape=[BLOCK_N, BLOCK_E])
+        V_z = tl.make_tensor_descriptor(V_z, shape=[S, EV], strides=[sv_s, 1], block_shape=[BLOCK_N, BLOCK_EV])
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of each row's scores (base 2)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m)
     acc = tl.zeros([BLOCK_M, BLOCK_EV], tl.float32)  # running sum of exp2(s - m) v
@@ -155,17 +261,18 @@ def _flash_forward(
         full = (S // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _forward_tiles(
         acc, l_i, m_i, q, K_z, V_z, 0, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
-        E, EV, False, CAUSAL, BLOCK_N, PRECISION,
+        E, EV, False, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA,
     )
     acc, l_i, m_i = _forward_tiles(
         acc, l_i, m_i, q, K_z, V_z, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
-        E, EV, True, CAUSAL, BLOCK_N, PRECISION,
+        E, EV, True, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA,
     )
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # a row with no key gets 0, not 0/0
     out = acc / l_safe[:, None]  # the one division, deferred to the end
+    O_t = O + z * so_z + tl.cast(start_m, tl.int64) * so_l
     tl.store(
-        O + z * so_z + rows[:, None] * so_l + offs_ev[None, :] * so_e,
+        O_t + rows0[:, None] * so_l + offs_ev[None, :] * so_e,
         out.to(O.dtype.element_ty),
         mask=(rows[:, None] < L) & (offs_ev[None, :] < EV),
     )
@@ -175,77 +282,116 @@ def _flash_forward(
 # --------------------------------------------------------------------------------------------------------------
 # Backward, given dO (the gradient of the output), the saved logsumexp and D = rowsum(dO ∘ O) (one per query):
 #   P = exp2(s - lse)   dV = Pᵀ dO   dP = dO Vᵀ   dS = P ∘ (dP - D)   dQ = scale · dS K   dK = scale · dSᵀ Q
+# _backward_preprocess: D, one program per (z, block of rows), in float32 (Variant.delta_kernel); otherwise
+#   PyTorch computes it eagerly, with two float32 copies of dO and O and four launches.
 # _flash_backward_kv: one program per (z, key block) owns dK and dV of BLOCK_N keys and walks the query blocks:
 #   on chip: its k and v tiles, dK and dV accumulators, one query block's q, dO, lse and D at a time, and the
 #            transposed weights Pᵀ (BLOCK_N, BLOCK_M) recomputed for that pair.
 #   reads:   k and v once; q, dO, lse and D once per key block.   writes: dK and dV, once.
-# _flash_backward_q: one program per (z, query block) owns dQ and walks the key blocks, recomputing P the same way.
-# Two kernels rather than one with atomic adds into dQ: each output is written by exactly one program.
+# Then dQ, one of two ways (Variant.atomic_dq):
+#   ATOMIC: the same program also forms that pair's share of dQ, dS K, and adds it with float32 atomic adds into a
+#           zeroed (Z, L, E) buffer: 5 products per tile pair, one launch; the order of the additions, hence
+#           the last bits of dQ, varies from run to run.
+#   otherwise: _flash_backward_q, one program per (z, query block), owns dQ and walks the key blocks, recomputing
+#           P and dP: 7 products in all and two launches, but every output is written by exactly one program, so
+#           the result is the same bit for bit on every run.
 # --------------------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _backward_kv_tiles(
-    dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, lo, hi, cols, rows0, offs_e, offs_ev, L, sq_l, sq_e, sdo_l, sdo_e,
-    qk_scale,
-    E: tl.constexpr, EV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-    PRECISION: tl.constexpr,
+def _backward_preprocess(
+    O, DO, DELTA, so_z, so_l, so_e, sdo_z, sdo_l, sdo_e, L,
+    EV: tl.constexpr, BLOCK_EV: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """Accumulate dK and dV of one key block over query blocks lo, lo + BLOCK_M, ... < hi."""
+    """D = rowsum(dO ∘ O) for BLOCK_M rows of one z, accumulated in float32."""
+    z, start_m = _split_program(L, BLOCK_M)
+    z = z.to(tl.int64)
+    rows0 = tl.arange(0, BLOCK_M)
+    rows = start_m + rows0
+    offs_ev = tl.arange(0, BLOCK_EV)
+    mask = (rows[:, None] < L) & (offs_ev[None, :] < EV)
+    o = tl.load(O + z * so_z + tl.cast(start_m, tl.int64) * so_l + rows0[:, None] * so_l + offs_ev[None, :] * so_e,
+                mask=mask, other=0.0)  # (BLOCK_M, BLOCK_EV)
+    do = tl.load(DO + z * sdo_z + tl.cast(start_m, tl.int64) * sdo_l + rows0[:, None] * sdo_l + offs_ev[None, :] * sdo_e,
+                 mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # (BLOCK_M,)
+    tl.store(DELTA + z * L + rows, delta, mask=rows < L)
+
+
+@triton.jit
+def _backward_kv_tiles(
+    dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, DQ_z, lo, hi, cols, rows0, offs_e, offs_ev, L, S, sq_l, sq_e, sdo_l,
+    sdo_e, sdq_l, qk_scale, scale,
+    E: tl.constexpr, EV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+    PRECISION: tl.constexpr, ATOMIC: tl.constexpr,
+):
+    """Accumulate dK and dV of one key block over query blocks lo, lo + BLOCK_M, ... < hi (and, ATOMIC, add each
+    pair's share of dQ into DQ)."""
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + rows0  # (BLOCK_M,) query indices
         in_rows = rows < L
-        q_ptrs = Q_z + rows[:, None] * sq_l + offs_e[None, :] * sq_e  # (BLOCK_M, BLOCK_E)
-        do_ptrs = DO_z + rows[:, None] * sdo_l + offs_ev[None, :] * sdo_e  # (BLOCK_M, BLOCK_EV)
+        Q_t = Q_z + tl.cast(start_m, tl.int64) * sq_l  # this query tile's first row, a 64-bit scalar
+        DO_t = DO_z + tl.cast(start_m, tl.int64) * sdo_l
+        q_ptrs = Q_t + rows0[:, None] * sq_l + offs_e[None, :] * sq_e  # (BLOCK_M, BLOCK_E)
+        do_ptrs = DO_t + rows0[:, None] * sdo_l + offs_ev[None, :] * sdo_e  # (BLOCK_M, BLOCK_EV)
         q = tl.load(q_ptrs, mask=in_rows[:, None] & (offs_e[None, :] < E), other=0.0)
         do = tl.load(do_ptrs, mask=in_rows[:, None] & (offs_ev[None, :] < EV), other=0.0)
         lse = tl.load(LSE_z + rows, mask=in_rows, other=0.0)  # (BLOCK_M,)
         delta = tl.load(DELTA_z + rows, mask=in_rows, other=0.0)  # (BLOCK_M,)
-        st = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale  # (BLOCK_N, BLOCK_M), scores transposed
-        pt = tl.math.exp2(st - lse[None, :])  # Pᵀ, recomputed
-        if MASKED:  # rows past L hold zeros anyway; the causal future must be zeroed
-            pt = tl.where(in_rows[None, :] & (rows[None, :] >= cols[:, None]), pt, 0.0)
+        st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M), raw scores transposed
+        pt = tl.math.exp2(st * qk_scale - lse[None, :])  # Pᵀ, recomputed: one FMA and one exponential a score
+        if MASKED:  # keys past S, rows past L (their lse is a stand-in 0) and the causal future get weight 0
+            allowed = in_rows[None, :] & (cols[:, None] < S)
+            if CAUSAL:
+                allowed = allowed & (rows[None, :] >= cols[:, None])
+            pt = tl.where(allowed, pt, 0.0)
         dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)  # (BLOCK_N, BLOCK_EV) += Pᵀ dO
         dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M) = (dO Vᵀ)ᵀ
         dst = pt * (dpt - delta[None, :])  # dSᵀ
         dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PRECISION)  # (BLOCK_N, BLOCK_E) += dSᵀ Q
+        if ATOMIC:  # this pair's share of dQ, (BLOCK_M, BLOCK_E) = dS K, added into the float32 buffer
+            dq = tl.dot(tl.trans(dst.to(k.dtype)), k, input_precision=PRECISION)
+            DQ_t = DQ_z + tl.cast(start_m, tl.int64) * sdq_l
+            tl.atomic_add(DQ_t + rows0[:, None] * sdq_l + offs_e[None, :], dq * scale,
+                          mask=in_rows[:, None] & (offs_e[None, :] < E), sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def _flash_backward_kv(
-    Q, K, V, DO, LSE, DELTA, DK, DV,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
     sq_z, sq_l, sq_e, sk_z, sk_s, sk_e, sv_z, sv_s, sv_e, sdo_z, sdo_l, sdo_e,
-    sdk_z, sdk_s, sdk_e, sdv_z, sdv_s, sdv_e,
-    L, S, qk_scale, scale,
+    sdk_z, sdk_s, sdk_e, sdv_z, sdv_s, sdv_e, sdq_z, sdq_l,
+    L, S, qk_scale, scale, TUNE_L, TUNE_S, TUNE_Z,
     E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, ATOMIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_n = tl.program_id(0) * BLOCK_N  # first key of this program
-    z = tl.program_id(1).to(tl.int64)
-    cols = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    z, start_n = _split_program(S, BLOCK_N)  # first key of this program
+    z = z.to(tl.int64)
+    cols0 = tl.arange(0, BLOCK_N)
+    cols = start_n + cols0  # (BLOCK_N,)
     rows0 = tl.arange(0, BLOCK_M)
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     in_cols = cols < S
-    k = tl.load(
-        K + z * sk_z + cols[:, None] * sk_s + offs_e[None, :] * sk_e,
-        mask=in_cols[:, None] & (offs_e[None, :] < E), other=0.0,
-    )  # (BLOCK_N, BLOCK_E)
-    v = tl.load(
-        V + z * sv_z + cols[:, None] * sv_s + offs_ev[None, :] * sv_e,
-        mask=in_cols[:, None] & (offs_ev[None, :] < EV), other=0.0,
-    )  # (BLOCK_N, BLOCK_EV)
+    K_t = K + z * sk_z + tl.cast(start_n, tl.int64) * sk_s
+    V_t = V + z * sv_z + tl.cast(start_n, tl.int64) * sv_s
+    k = tl.load(K_t + cols0[:, None] * sk_s + offs_e[None, :] * sk_e,
+                mask=in_cols[:, None] & (offs_e[None, :] < E), other=0.0)  # (BLOCK_N, BLOCK_E)
+    v = tl.load(V_t + cols0[:, None] * sv_s + offs_ev[None, :] * sv_e,
+                mask=in_cols[:, None] & (offs_ev[None, :] < EV), other=0.0)  # (BLOCK_N, BLOCK_EV)
     dk = tl.zeros([BLOCK_N, BLOCK_E], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_EV], tl.float32)
     Q_z = Q + z * sq_z  # this z's queries and output gradients
     DO_z = DO + z * sdo_z
     LSE_z = LSE + z * L
     DELTA_z = DELTA + z * L
+    DQ_z = DQ_ACC + z * sdq_z
 
     # Causal: queries before this key block never see it, so start at the query block holding query start_n; the
-    # blocks that straddle the diagonal need the mask, the ones wholly below it do not. Otherwise every block, and
-    # only the ragged last one could need a mask, which the zeros it loads make unnecessary.
+    # blocks that straddle the diagonal need the mask, the ones wholly below it do not. Otherwise every block, with
+    # no mask: rows past L load as zeros and add nothing. A ragged key block (keys past S) takes the masked path
+    # throughout: its missing keys load as zeros, whose weight exp2(0 − lse) is not 0 and overflows for lse < −128.
     if CAUSAL:
         lo = (start_n // BLOCK_M) * BLOCK_M
         below = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1, BLOCK_M) * BLOCK_M, tl.cdiv(L, BLOCK_M) * BLOCK_M)
@@ -253,18 +399,20 @@ def _flash_backward_kv(
     else:
         lo = 0
         below = 0
+    below = tl.where(start_n + BLOCK_N > S, tl.cdiv(L, BLOCK_M) * BLOCK_M, below)
     dk, dv = _backward_kv_tiles(
-        dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, lo, below, cols, rows0, offs_e, offs_ev, L, sq_l, sq_e, sdo_l,
-        sdo_e, qk_scale, E, EV, True, CAUSAL, BLOCK_M, PRECISION,
+        dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, DQ_z, lo, below, cols, rows0, offs_e, offs_ev, L, S, sq_l, sq_e,
+        sdo_l, sdo_e, sdq_l, qk_scale, scale, E, EV, True, CAUSAL, BLOCK_M, PRECISION, ATOMIC,
     )
     dk, dv = _backward_kv_tiles(
-        dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, tl.maximum(lo, below), L, cols, rows0, offs_e, offs_ev, L,
-        sq_l, sq_e, sdo_l, sdo_e, qk_scale, E, EV, False, CAUSAL, BLOCK_M, PRECISION,
+        dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, DQ_z, tl.maximum(lo, below), L, cols, rows0, offs_e, offs_ev, L,
+        S, sq_l, sq_e, sdo_l, sdo_e, sdq_l, qk_scale, scale, E, EV, False, CAUSAL, BLOCK_M, PRECISION, ATOMIC,
     )
-    out_mask_e = in_cols[:, None] & (offs_e[None, :] < E)
-    tl.store(DK + z * sdk_z + cols[:, None] * sdk_s + offs_e[None, :] * sdk_e, (dk * scale).to(DK.dtype.element_ty),
-             mask=out_mask_e)
-    tl.store(DV + z * sdv_z + cols[:, None] * sdv_s + offs_ev[None, :] * sdv_e, dv.to(DV.dtype.element_ty),
+    DK_t = DK + z * sdk_z + tl.cast(start_n, tl.int64) * sdk_s
+    DV_t = DV + z * sdv_z + tl.cast(start_n, tl.int64) * sdv_s
+    tl.store(DK_t + cols0[:, None] * sdk_s + offs_e[None, :] * sdk_e, (dk * scale).to(DK.dtype.element_ty),
+             mask=in_cols[:, None] & (offs_e[None, :] < E))
+    tl.store(DV_t + cols0[:, None] * sdv_s + offs_ev[None, :] * sdv_e, dv.to(DV.dtype.element_ty),
              mask=in_cols[:, None] & (offs_ev[None, :] < EV))
 
 
@@ -277,16 +425,18 @@ def _backward_q_tiles(
     """Accumulate dQ of one query block over key tiles lo, lo + BLOCK_N, ... < hi."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + cols0
-        kt_ptrs = K_z + cols[None, :] * sk_s + offs_e[:, None] * sk_e  # (BLOCK_E, BLOCK_N)
-        vt_ptrs = V_z + cols[None, :] * sv_s + offs_ev[:, None] * sv_e  # (BLOCK_EV, BLOCK_N)
+        K_t = K_z + tl.cast(start_n, tl.int64) * sk_s
+        V_t = V_z + tl.cast(start_n, tl.int64) * sv_s
+        kt_ptrs = K_t + cols0[None, :] * sk_s + offs_e[:, None] * sk_e  # (BLOCK_E, BLOCK_N)
+        vt_ptrs = V_t + cols0[None, :] * sv_s + offs_ev[:, None] * sv_e  # (BLOCK_EV, BLOCK_N)
         if MASKED:
             kt = tl.load(kt_ptrs, mask=(offs_e[:, None] < E) & (cols[None, :] < S), other=0.0)
             vt = tl.load(vt_ptrs, mask=(offs_ev[:, None] < EV) & (cols[None, :] < S), other=0.0)
         else:
             kt = tl.load(kt_ptrs, mask=offs_e[:, None] < E, other=0.0)  # (BLOCK_E, BLOCK_N)
             vt = tl.load(vt_ptrs, mask=offs_ev[:, None] < EV, other=0.0)  # (BLOCK_EV, BLOCK_N)
-        s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N)
-        p = tl.math.exp2(s - lse[:, None])  # P, recomputed
+        s = tl.dot(q, kt, input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
+        p = tl.math.exp2(s * qk_scale - lse[:, None])  # P, recomputed
         if MASKED:
             allowed = cols[None, :] < S
             if CAUSAL:
@@ -302,20 +452,23 @@ def _backward_q_tiles(
 def _flash_backward_q(
     Q, K, V, DO, LSE, DELTA, DQ,
     sq_z, sq_l, sq_e, sk_z, sk_s, sk_e, sv_z, sv_s, sv_e, sdo_z, sdo_l, sdo_e, sdq_z, sdq_l, sdq_e,
-    L, S, qk_scale, scale,
+    L, S, qk_scale, scale, TUNE_L, TUNE_S, TUNE_Z,
     E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr, LPT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    start_m = tl.program_id(0) * BLOCK_M
-    z = tl.program_id(1).to(tl.int64)
-    rows = start_m + tl.arange(0, BLOCK_M)
+    z, start_m = _split_program(L, BLOCK_M, CAUSAL and LPT)
+    z = z.to(tl.int64)
+    rows0 = tl.arange(0, BLOCK_M)
+    rows = start_m + rows0
     cols0 = tl.arange(0, BLOCK_N)
     offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)
     in_rows = rows < L
-    q = tl.load(Q + z * sq_z + rows[:, None] * sq_l + offs_e[None, :] * sq_e,
+    Q_t = Q + z * sq_z + tl.cast(start_m, tl.int64) * sq_l
+    DO_t = DO + z * sdo_z + tl.cast(start_m, tl.int64) * sdo_l
+    q = tl.load(Q_t + rows0[:, None] * sq_l + offs_e[None, :] * sq_e,
                 mask=in_rows[:, None] & (offs_e[None, :] < E), other=0.0)  # (BLOCK_M, BLOCK_E)
-    do = tl.load(DO + z * sdo_z + rows[:, None] * sdo_l + offs_ev[None, :] * sdo_e,
+    do = tl.load(DO_t + rows0[:, None] * sdo_l + offs_ev[None, :] * sdo_e,
                  mask=in_rows[:, None] & (offs_ev[None, :] < EV), other=0.0)  # (BLOCK_M, BLOCK_EV)
     lse = tl.load(LSE + z * L + rows, mask=in_rows, other=0.0)
     delta = tl.load(DELTA + z * L + rows, mask=in_rows, other=0.0)
@@ -334,10 +487,10 @@ def _flash_backward_q(
     )
     dq = _backward_q_tiles(
         dq, q, do, lse, delta, K_z, V_z, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e,
-        qk_scale,
-        E, EV, True, CAUSAL, BLOCK_N, PRECISION,
+        qk_scale, E, EV, True, CAUSAL, BLOCK_N, PRECISION,
     )
-    tl.store(DQ + z * sdq_z + rows[:, None] * sdq_l + offs_e[None, :] * sdq_e, (dq * scale).to(DQ.dtype.element_ty),
+    DQ_t = DQ + z * sdq_z + tl.cast(start_m, tl.int64) * sdq_l
+    tl.store(DQ_t + rows0[:, None] * sdq_l + offs_e[None, :] * sdq_e, (dq * scale).to(DQ.dtype.element_ty),
              mask=in_rows[:, None] & (offs_e[None, :] < E))
 
 
@@ -346,15 +499,36 @@ def _flash_backward_q(
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _launcher(kernel, choices):
-    """The kernel, tuned on a GPU among ``choices`` once per (L, S, E, Ev, causal, dtype); in the interpreter, the
-    kernel with INTERPRETER_TILES (tuning there would only multiply the wait). A ``tiles=`` argument forces one
-    configuration, for sweeps (benchmarks/bench_gpu.py --sweep)."""
+def _bucket(n):
+    """The autotuner's view of a length or a batch·head count: the next power of two, so that a new length retunes
+    only when it crosses one, while Z = 1 and Z = 64 (a few programs, or many waves of them) are tuned apart."""
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def _tune_keys(kernel):
+    """The arguments whose values select a tuned configuration (Triton adds every tensor's dtype)."""
+    keys = ("TUNE_L", "TUNE_S", "TUNE_Z", "E", "EV", "CAUSAL", "FOLD", "ATOMIC", "TMA", "LPT")
+    return [name for name in keys if name in kernel.arg_names]
+
+
+def _launcher(kernel, choices, reset_to_zero=None):
+    """The kernel, tuned on a GPU among ``choices`` once per (E, Ev, causal, dtype, variant) and power-of-two
+    bucket of L, S and Z; in the interpreter, the kernel with INTERPRETER_TILES (tuning there would only multiply
+    the wait). A ``tiles=`` argument forces one configuration (the tests, and benchmarks/bench_gpu.py --sweep)."""
     configs = [
         triton.Config({"BLOCK_M": t.block_m, "BLOCK_N": t.block_n}, num_warps=t.num_warps, num_stages=t.num_stages)
         for t in choices
     ]
-    tuned = None if INTERPRETED else triton.autotune(configs=configs, key=["L", "S", "E", "EV", "CAUSAL"])(kernel)
+    limit = {id(c): t.max_head for c, t in zip(configs, choices)}
+
+    def fitting(configs, named_args, **kwargs):  # the choices that compile without spilling at this head size
+        head = max(kwargs["BLOCK_E"], kwargs["BLOCK_EV"])
+        return [c for c in configs if head <= limit[id(c)]] or configs
+
+    tuned = None
+    if not INTERPRETED:
+        tuned = triton.autotune(configs=configs, key=_tune_keys(kernel), reset_to_zero=reset_to_zero,
+                                prune_configs_by={"early_config_prune": fitting})(kernel)
 
     def launch(grid, *args, tiles=None, **kw):
         if tiles is None and tuned is not None:
@@ -367,8 +541,10 @@ def _launcher(kernel, choices):
 
 
 _run_forward = _launcher(_flash_forward, FORWARD_TILES)
-_run_backward_kv = _launcher(_flash_backward_kv, BACKWARD_TILES)
-_run_backward_q = _launcher(_flash_backward_q, BACKWARD_TILES)
+_run_backward_kv = _launcher(_flash_backward_kv, BACKWARD_KV_TILES)
+_run_backward_kv_atomic = _launcher(_flash_backward_kv, BACKWARD_KV_ATOMIC_TILES, reset_to_zero=["DQ_ACC"])
+_run_backward_q = _launcher(_flash_backward_q, BACKWARD_Q_TILES)
+PREPROCESS_ROWS = 64  # rows of dO and O per program of the delta kernel
 
 
 def _head_block(n):
@@ -376,42 +552,99 @@ def _head_block(n):
 
 
 def _precision(dtype):
-    """float32 is multiplied in full IEEE float32 (no TF32 rounding); for half precision Triton ignores it."""
+    """float32 is multiplied in IEEE float32 (products rounded to float32, no TF32); half precision ignores it."""
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _forward(q, k, v, causal, scale, tiles=None):
+def _device_guard(device):
+    """Launch on the tensors' own GPU: Triton launches on the current device, which need not be theirs."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _grid(n_rows, Z, block):
+    return lambda meta: (triton.cdiv(n_rows, meta[block]) * Z,)
+
+
+def _tma_ready(*tensors):
+    """Whether tensor descriptors can address these tensors: last stride 1, the others and the base 16-byte aligned.
+    Otherwise the kernel keeps its pointer loads, which take any strides."""
+    return all(
+        x.stride(-1) == 1 and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1])
+        and x.data_ptr() % 16 == 0 for x in tensors
+    )
+
+
+_ALLOCATOR_SET = []
+
+
+def _scratch_for_descriptors():
+    """Descriptors made inside a kernel need a little global scratch memory: Triton asks an allocator for it."""
+    if not INTERPRETED and not _ALLOCATOR_SET:
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _ALLOCATOR_SET.append(True)
+
+
+def _forward(q, k, v, causal, scale, tiles=None, variant=None):
     """q (Z, L, E), k (Z, S, E), v (Z, S, Ev) -> output (Z, L, Ev) and logsumexp (Z, L), base 2, float32."""
+    variant = variant or DEFAULT
+    tma = variant.tma and _tma_ready(k, v)
+    if tma:
+        _scratch_for_descriptors()
     Z, L, E = q.shape
     S, EV = v.shape[1], v.shape[2]
     o = torch.empty((Z, L, EV), device=q.device, dtype=q.dtype)
     lse = torch.empty((Z, L), device=q.device, dtype=torch.float32)
-    grid = lambda meta: (triton.cdiv(L, meta["BLOCK_M"]), Z)
-    _run_forward(
-        grid, q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), L, S, scale * LOG2_E,
-        E=E, EV=EV, BLOCK_E=_head_block(E), BLOCK_EV=_head_block(EV), CAUSAL=causal, PRECISION=_precision(q.dtype),
-        tiles=tiles,
-    )
+    with _device_guard(q.device):
+        _run_forward(
+            _grid(L, Z, "BLOCK_M"), q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), L, S,
+            scale * LOG2_E, _bucket(L), _bucket(S), _bucket(Z),
+            E=E, EV=EV, BLOCK_E=_head_block(E), BLOCK_EV=_head_block(EV), CAUSAL=causal,
+            PRECISION=_precision(q.dtype), FOLD=variant.fold_scale, TMA=tma, LPT=variant.lpt, tiles=tiles,
+        )
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal, scale, tiles=None):
+def _delta(o, do, variant):
+    """D = rowsum(dO ∘ O), (Z, L) float32: a Triton kernel, or eager PyTorch (Variant.delta_kernel off)."""
+    if not variant.delta_kernel:
+        return (do.float() * o.float()).sum(-1).contiguous()  # (Z, L)
+    Z, L, EV = o.shape
+    delta = torch.empty((Z, L), device=o.device, dtype=torch.float32)
+    _backward_preprocess[(triton.cdiv(L, PREPROCESS_ROWS) * Z,)](
+        o, do, delta, *o.stride(), *do.stride(), L, EV=EV, BLOCK_EV=_head_block(EV), BLOCK_M=PREPROCESS_ROWS,
+    )
+    return delta
+
+
+def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_tiles=None):
+    """The three gradients. ``tiles`` forces the dK/dV kernel's configuration, ``q_tiles`` the dQ kernel's."""
+    variant = variant or DEFAULT
     Z, L, E = q.shape
     S, EV = v.shape[1], v.shape[2]
-    delta = (do.float() * o.float()).sum(-1).contiguous()  # (Z, L): D = rowsum(dO ∘ O)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     common = {"E": E, "EV": EV, "BLOCK_E": _head_block(E), "BLOCK_EV": _head_block(EV), "CAUSAL": causal,
-                  "PRECISION": _precision(q.dtype)}
+              "PRECISION": _precision(q.dtype)}
+    tune = (_bucket(L), _bucket(S), _bucket(Z))
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-    _run_backward_kv(
-        lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), Z),
-        q, k, v, do, lse, delta, dk, dv, *strides, *dk.stride(), *dv.stride(), L, S, scale * LOG2_E, scale,
-        tiles=tiles, **common,
-    )
-    _run_backward_q(
-        lambda meta: (triton.cdiv(L, meta["BLOCK_M"]), Z),
-        q, k, v, do, lse, delta, dq, *strides, *dq.stride(), L, S, scale * LOG2_E, scale, tiles=tiles, **common,
-    )
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    with _device_guard(q.device):
+        delta = _delta(o, do, variant)
+        if variant.atomic_dq:
+            dq_acc = torch.zeros((Z, L, E), device=q.device, dtype=torch.float32)  # (Z, L, E), summed by atomics
+        else:
+            dq_acc = torch.zeros(1, device=q.device, dtype=torch.float32)  # not read: ATOMIC is off
+        run_kv = _run_backward_kv_atomic if variant.atomic_dq else _run_backward_kv
+        run_kv(
+            _grid(S, Z, "BLOCK_N"), q, k, v, do, lse, delta, dk, dv, dq_acc, *strides, *dk.stride(), *dv.stride(),
+            *(dq_acc.stride()[:2] if variant.atomic_dq else (0, 0)), L, S, scale * LOG2_E, scale, *tune,
+            ATOMIC=variant.atomic_dq, tiles=tiles, **common,
+        )
+        if variant.atomic_dq:
+            return dq_acc.to(q.dtype), dk, dv
+        dq = torch.empty_like(q)
+        _run_backward_q(
+            _grid(L, Z, "BLOCK_M"), q, k, v, do, lse, delta, dq, *strides, *dq.stride(), L, S, scale * LOG2_E,
+            scale, *tune, LPT=variant.lpt, tiles=q_tiles, **common,
+        )
     return dq, dk, dv
 
 
@@ -419,17 +652,17 @@ class _FlashAttention(torch.autograd.Function):
     """Saves q, k, v, the output and the logsumexp: nothing of size L × S."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        o, lse = _forward(q, k, v, causal, scale)
+    def forward(ctx, q, k, v, causal, scale, variant):
+        o, lse = _forward(q, k, v, causal, scale, variant=variant)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.variant = causal, scale, variant
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, variant=ctx.variant)
+        return dq, dk, dv, None, None, None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -494,7 +727,20 @@ def _check(q, k, v, mask):
     return tuple(batch), L, S, E, Ev
 
 
-def flash_attention(q, k, v, mask=None, *, causal=False, scale=None):
+def _check_variant(variant, deterministic):
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be True or False; got {deterministic!r}")
+    if variant is None:
+        return DETERMINISTIC if deterministic else DEFAULT
+    if not isinstance(variant, Variant):
+        raise TypeError(f"variant must be a lib.flash.Variant (e.g. lib.flash.LADDER['first']); got {variant!r}")
+    if deterministic and variant.atomic_dq:
+        raise ValueError("deterministic=True needs a variant with atomic_dq=False: atomic adds into dQ run in no "
+                         "fixed order")
+    return variant
+
+
+def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, deterministic=False, variant=None):
     """FlashAttention-2 in Triton: softmax(q kᵀ · scale) v without the (..., L, S) matrix (chapter 8).
 
     q (..., L, E), k (..., S, E), v (..., S, Ev) torch tensors on a CUDA GPU, in float16, bfloat16 or float32,
@@ -504,15 +750,21 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None):
     tile's future are skipped, not computed. ``scale`` defaults to 1/sqrt(E). There is no ``mask``: for other
     masks use :func:`lib.attention.attention`. A query with no key (S = 0) gets zeros.
 
+    The backward pass sums dQ with float32 atomic adds, in no fixed order, so dQ's last bits can differ from run
+    to run on a GPU; ``deterministic=True`` runs the two-kernel backward instead (7 matrix products instead of 5,
+    every output written by one program). ``variant`` picks the kernel's design steps one by one
+    (:class:`Variant`, :data:`LADDER`), for measuring each alone.
+
     Products of half-precision inputs run on the tensor cores and accumulate in float32; the softmax statistics
-    and the output accumulator are float32. float32 inputs are multiplied in IEEE float32 (no TF32), exact but
-    far slower: the kernel is built for half precision. Differentiable: the backward pass recomputes each tile's
+    and the output accumulator are float32. float32 inputs are multiplied in IEEE float32 (products rounded to float32,
+    no TF32), far slower: the kernel is built for half precision. Differentiable: the backward pass recomputes each tile's
     weights from the saved row logsumexp, so training saves nothing of size L × S. On a CPU the kernels run in
     Triton's interpreter if TRITON_INTERPRET=1 was set before Triton was first imported (not for bfloat16).
     """
     batch, L, S, E, Ev = _check(q, k, v, mask)
     _check_flag(causal, "causal")
     scale = _check_scale(scale, E)
+    variant = _check_variant(variant, deterministic)
     Z = math.prod(batch)
     if Z == 0 or L == 0 or S == 0:  # nothing to attend, or nobody asking: zeros, still tied to the inputs
         zero = q.sum() * 0 + k.sum() * 0 + v.sum() * 0
@@ -520,5 +772,5 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None):
     q3 = q.expand(batch + (L, E)).reshape(Z, L, E)  # (Z, L, E), a view whenever the batch dims allow
     k3 = k.expand(batch + (S, E)).reshape(Z, S, E)  # (Z, S, E)
     v3 = v.expand(batch + (S, Ev)).reshape(Z, S, Ev)  # (Z, S, Ev)
-    out = _FlashAttention.apply(q3, k3, v3, bool(causal), scale)  # (Z, L, Ev)
+    out = _FlashAttention.apply(q3, k3, v3, bool(causal), scale, variant)  # (Z, L, Ev)
     return out.reshape(batch + (L, Ev))
