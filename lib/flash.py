@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lib.backend import _check_flag, _check_scale
+from lib.backend import _check_causal, _check_scale
 
 __all__ = ["LADDER", "Variant", "flash_attention"]
 
@@ -745,8 +745,9 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
 
     q (..., L, E), k (..., S, E), v (..., S, Ev) torch tensors on a CUDA GPU, in float16, bfloat16 or float32,
     batch dims broadcast; returns (..., L, Ev) in the inputs' dtype. Any L and S (not only multiples of the tile
-    sizes) and head sizes 1 to 256 (padded inside to a power of two, at least 16). ``causal=True`` lets query i
-    attend keys j <= i (top-left aligned, as :func:`lib.attention.attention`), and key tiles wholly in a query
+    sizes) and head sizes 1 to 256 (padded inside to a power of two, at least 16). ``causal=True`` (or
+    ``"top-left"``) lets query i attend keys j <= i (as :func:`lib.attention.attention`; ``"bottom-right"`` is the same
+    when L == S and refused otherwise), and key tiles wholly in a query
     tile's future are skipped, not computed. ``scale`` defaults to 1/sqrt(E). There is no ``mask``: for other
     masks use :func:`lib.attention.attention`. A query with no key (S = 0) gets zeros.
 
@@ -762,7 +763,14 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
     Triton's interpreter if TRITON_INTERPRET=1 was set before Triton was first imported (not for bfloat16).
     """
     batch, L, S, E, Ev = _check(q, k, v, mask)
-    _check_flag(causal, "causal")
+    offset = _check_causal(causal, L, S)  # None, or the diagonal's offset: 0 is top-left
+    if offset not in (None, 0):
+        raise ValueError(
+            f"flash_attention's kernel aligns the causal pattern top-left (query i sees keys j <= i); "
+            f"causal={causal!r} with L={L} queries and S={S} keys needs the offset {offset}: use "
+            "lib.attention.flash_decode (the last L of S tokens) or lib.attention.attention"
+        )
+    causal = offset == 0
     scale = _check_scale(scale, E)
     variant = _check_variant(variant, deterministic)
     Z = math.prod(batch)

@@ -126,6 +126,21 @@ def test_causal_skips_future_tiles_rather_than_masking_them():
     torch.testing.assert_close(out[:32].double(), expected, rtol=1e-5, atol=2e-6)
 
 
+def test_causal_takes_the_library_spellings_of_alignment():
+    # The library spells causal alignment one way everywhere: True is "top-left"; "bottom-right" places the
+    # diagonal S - L to the right, which this kernel cannot, so it is the same when L == S and refused otherwise.
+    q, k, v = randn(2, 24, 16), randn(2, 24, 16, seed=1), randn(2, 24, 8, seed=2)
+    top = attn.flash_attention(q, k, v, causal=True)
+    torch.testing.assert_close(attn.flash_attention(q, k, v, causal="top-left"), top, rtol=0, atol=0)
+    torch.testing.assert_close(attn.flash_attention(q, k, v, causal="bottom-right"), top, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="top-left.*flash_decode"):
+        attn.flash_attention(q[:, :8], k, v, causal="bottom-right")
+    with pytest.raises(ValueError, match="causal must be"):
+        attn.flash_attention(q, k, v, causal="lower-right")
+    with pytest.raises(TypeError, match="causal must be"):
+        attn.flash_attention(q, k, v, causal=1.0)
+
+
 def test_no_key_gives_zeros_and_no_query_gives_nothing():
     q, k, v = randn(2, 5, 16).requires_grad_(), randn(2, 0, 16), randn(2, 0, 8)
     out = attn.flash_attention(q, k, v)
@@ -165,7 +180,7 @@ BAD_CALLS = [
     ("head", lambda q, k, v: attn.flash_attention(*(torch.zeros(1, 4, 300, device=q.device) for _ in range(3))),
      ValueError, "E=300 is outside"),
     ("batch", lambda q, k, v: attn.flash_attention(q, k[:1].expand(3, 8, 16), v), ValueError, "do not broadcast"),
-    ("causal", lambda q, k, v: attn.flash_attention(q, k, v, causal=1), TypeError, "causal must be True or False"),
+    ("causal", lambda q, k, v: attn.flash_attention(q, k, v, causal=1), TypeError, "causal must be False, True"),
     ("scale", lambda q, k, v: attn.flash_attention(q, k, v, scale="big"), TypeError, "scale must be a real"),
     ("devices", lambda q, k, v: attn.flash_attention(q, k.to("meta"), v), ValueError, "on one device"),
 ]
