@@ -673,7 +673,7 @@ def run_cases(rank, world_size, cases):
 
     A case is a dict with ``scheme`` ("ring" or "ulysses"), ``causal``, ``layout`` (ring only) and the whole
     sequence's ``q``, ``k``, ``v`` and ``dout`` (the output's gradient); or ``shards``, a list of per-rank
-    ``(q, k, v)``, to pass inputs as they are. With ``ranks``, a list of global ranks, the case runs on a
+    ``(q, k, v)``, to pass inputs as they are; optionally ``scale``. With ``ranks``, a list of global ranks, the case runs on a
     subgroup of just those ranks (every rank creates the group; the others return None for it). For each case it
     returns a dict with this rank's ``out``, ``dq``, ``dk``, ``dv`` and the bytes it sent forward and backward,
     or ``error``: "TypeName: message" if the call raised.
@@ -688,7 +688,7 @@ def run_cases(rank, world_size, cases):
                 continue
             me, size = case["ranks"].index(rank), len(case["ranks"])
         fn = ring_attention if case["scheme"] == "ring" else ulysses_attention
-        kwargs = {"causal": case.get("causal", False), "group": group}
+        kwargs = {"causal": case.get("causal", False), "scale": case.get("scale"), "group": group}
         layout = case.get("layout", "contiguous")
         if case["scheme"] == "ring":
             kwargs["layout"] = layout

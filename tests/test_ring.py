@@ -63,7 +63,7 @@ def bad_cases(world):
 
 def sdpa_reference(case):
     q, k, v = (case[x].clone().requires_grad_() for x in ("q", "k", "v"))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=case["causal"])
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=case["causal"], scale=case.get("scale"))
     out.backward(case["dout"])
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
@@ -73,12 +73,13 @@ SUBGROUP = (("ring", "contiguous"), ("ring", "zigzag"), ("ulysses", "contiguous"
 
 def world_cases():
     """Cases for one world of 3 ranks: 2-rank cases on the group of ranks 0 and 1, 3-rank cases on the whole
-    world, and cases on the group of global ranks 1 and 2 (group ranks 0 and 1), whose peers must be mapped."""
+    world, and cases on the group of global ranks 1 and 2 (group ranks 0 and 1), whose peers must be mapped, with
+    a scale other than 1/sqrt(E), which the backward pass must use too."""
     two = [dict(case, ranks=[0, 1]) for case in good_cases(2, N=16, H=4)]
     bad = [(name, dict(case, ranks=[0, 1])) for name, case in bad_cases(2)]
     three = good_cases(3, N=18, H=3, seed=10)
-    sub = [{"scheme": s, "layout": lay, "causal": True, "ranks": [1, 2], **inputs(1, 2, 8, 4, 4, 20 + i)}
-           for i, (s, lay) in enumerate(SUBGROUP)]
+    sub = [{"scheme": s, "layout": lay, "causal": True, "ranks": [1, 2], "scale": 0.3,
+            **inputs(1, 2, 8, 4, 4, 20 + i)} for i, (s, lay) in enumerate(SUBGROUP)]
     half = [{"scheme": s, "layout": lay, "causal": True, "ranks": [0, 1], **inputs(1, 2, 16, 8, 8, 30 + i,
                                                                                     dtype=torch.bfloat16)}
             for i, (s, lay) in enumerate(SUBGROUP)]
@@ -173,7 +174,7 @@ def test_three_ranks_forward_and_gradients_equal_autograd_through_sdpa(world):
     assert_matches_sdpa(world_cases()[2], world["three"], F64)
 
 
-def test_a_subgroup_of_global_ranks_1_and_2_equals_sdpa(world):
+def test_a_subgroup_of_global_ranks_1_and_2_with_its_own_scale_equals_sdpa(world):
     assert all(r is None for r in world["outside"])  # rank 0 is not in the group
     assert_matches_sdpa(world_cases()[3], world["sub"], F64)
 
