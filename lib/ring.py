@@ -542,8 +542,10 @@ def causal_tile_counts(N, world_size, layout="contiguous", tile=64):
 
     Each rank cuts each of its runs of tokens (one for "contiguous", two for "zigzag") into tiles of ``tile``
     tokens, its queries and each arriving key block alike. A (query tile, key tile) pair is computed when at least
-    one of its keys is at or before one of its queries; pairs wholly in the future are skipped, as
-    :func:`ring_attention` skips them. Counts are exact integers; the runs must be multiples of ``tile`` long.
+    one of its keys is at or before one of its queries; pairs wholly in the future are skipped, as a tiled kernel
+    skips them. (:func:`ring_attention`, in plain torch, skips only whole runs that lie in the future and computes
+    a run pair on the diagonal in full, under a mask.) Counts are exact integers; the runs must be multiples of
+    ``tile`` long.
     """
     n = _check_split(N, world_size, layout)
     P = world_size

@@ -267,9 +267,32 @@ def test_causal_contiguous_ring_is_imbalanced_and_zigzag_is_not(P, ratio):
     assert float(critical_path(contiguous)) < (2 * P - 1) / P
 
 
-def test_ring_skips_the_blocks_the_tile_count_skips():
+def test_tile_counts_of_small_rings():
     assert ring.causal_tile_counts(8, 2, "contiguous", tile=4) == [[1, 1], [0, 1]]
     assert ring.causal_tile_counts(8, 2, "zigzag", tile=2) == [[3, 3], [2, 2]]
+
+
+@pytest.mark.parametrize("layout, rank, P, expected", [
+    ("contiguous", 0, 3, [(4, 4)]),  # rank 0 meets only its own block; the later ones lie in its future
+    ("contiguous", 2, 3, [(4, 4), (4, 4), (4, 4)]),
+    ("zigzag", 0, 2, [(2, 2)] * 5),  # queries|keys chunks, step 0: 0|0, 3|0, 3|3; step 1: 3|1, 3|2
+])
+def test_the_ring_computes_no_block_pair_that_lies_wholly_in_the_future(monkeypatch, layout, rank, P, expected):
+    """One rank of a stand-in ring (its transfers return the same tensors): which (queries, keys) pairs it computes."""
+    pairs, real = [], ring.attention_state
+
+    def attention_state(q, k, v, mask=None, **kwargs):
+        pairs.append((q.shape[-2], k.shape[-2]))
+        return real(q, k, v, mask, **kwargs)
+
+    monkeypatch.setattr(ring, "_group_rank_size", lambda group, what: (rank, P))
+    monkeypatch.setattr(ring, "_validate", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ring, "_peer", lambda group, r: r)
+    monkeypatch.setattr(ring, "_exchange", lambda tensors, *args: (([], tensors), [t.clone() for t in tensors]))
+    monkeypatch.setattr(ring, "attention_state", attention_state)
+    x = torch.randn(1, 4, 2)
+    ring.ring_attention(x, x, x, causal=True, layout=layout)
+    assert pairs == expected
 
 
 def test_each_step_posts_the_next_blocks_transfer_before_computing(monkeypatch):
