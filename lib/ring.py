@@ -274,8 +274,10 @@ def hiding_block(gpu_name):
 
     One step, per head: the block's attention, 4 n² E FLOPs on the tensor cores (two matrix products, no mask),
     against passing its keys and values on, 2 n E numbers of 2 bytes (bfloat16) over NVLink in one direction. The
-    two take equal time at n = FLOPs per second / link bytes per second, whatever E and the head count; a causal
-    step that computes half a block needs twice that. A prediction from datasheet rates, not a measurement.
+    two take equal time at n = FLOPs per second / link bytes per second, whatever E and the head count, when every
+    query head has its own key/value head (with G query heads a key/value head, divide by G); a causal step that
+    computes half a block needs twice that. This models a ring that sends bfloat16, as fused implementations do;
+    :func:`ring_attention` sends half precision as float32, twice the bytes. A prediction from datasheet rates, not a measurement.
     """
     from lib import cost
 
