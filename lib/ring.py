@@ -121,7 +121,11 @@ def _group_rank_size(group, what):
             f"{what} needs an initialised process group: call torch.distributed.init_process_group() on every "
             "rank first (lib.ring.launch does it for you)"
         )
-    return dist.get_rank(group), dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if rank < 0:  # get_rank answers -1 on a rank outside the group; its collectives would fail deep inside torch
+        raise RuntimeError(f"{what}: this process (global rank {dist.get_rank()}) is not a member of the group it "
+                           "was given; call it only on the group's ranks")
+    return rank, dist.get_world_size(group)
 
 
 def _peer(group, r):
@@ -625,6 +629,9 @@ def launch(fn, world_size, *args, timeout=60.0, backend="gloo"):
     _check_importable(fn)
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(f"the nccl backend gives each rank a GPU of its own (NCCL refuses two ranks on one GPU): "
+                         f"{world_size} ranks need {world_size} GPUs, this machine has {torch.cuda.device_count()}")
     context = torch.multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="ring-") as folder:
         saved = os.environ.get("PYTHONWARNINGS")

@@ -200,6 +200,22 @@ def test_without_a_process_group_the_error_says_so():
         ring.ulysses_attention(x, x, x)
 
 
+def test_a_rank_outside_the_group_it_was_given_gets_a_clear_error(monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: -1 if group is not None else 2)
+    x = torch.zeros(1, 2, 4, 4)
+    for fn in (ring.ring_attention, ring.ulysses_attention):
+        with pytest.raises(RuntimeError, match=r"global rank 2\) is not a member of the group"):
+            fn(x, x, x, group=object())
+
+
+def test_nccl_needs_a_gpu_for_every_rank():
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has a GPU for each of 2 ranks")
+    with pytest.raises(ValueError, match=r"2 ranks need 2 GPUs, this machine has \d"):
+        ring.launch(fail_on_rank_one, 2, backend="nccl")
+
+
 def fail_on_rank_one(rank, world_size):
     if rank == 1:
         raise ValueError("rank one fails on purpose")
