@@ -56,6 +56,10 @@ def bad_cases(world):
         ("shape", {"scheme": "ring", "shards": per_rank(lambda r: (t(1, 2, 4, 4 + r),) * 3)}),
         ("odd", {"scheme": "ring", "layout": "zigzag", "shards": per_rank(lambda r: (t(1, 2, 3, 4),) * 3)}),
         ("heads", {"scheme": "ulysses", "shards": per_rank(lambda r: (t(1, 3, 4, 4),) * 3)}),
+        ("causal", {"scheme": "ring", "causal": [False, True], "shards": per_rank(lambda r: (t(1, 2, 4, 4),) * 3)}),
+        ("layout", {"scheme": "ring", "layout": ["contiguous", "zigzag"],
+                    "shards": per_rank(lambda r: (t(1, 2, 4, 4),) * 3)}),
+        ("scale", {"scheme": "ulysses", "scale": [None, 0.25], "shards": per_rank(lambda r: (t(1, 2, 4, 4),) * 3)}),
         ("one rank", {"scheme": "ring", "shards": per_rank(
             lambda r: (t(1, 2, 4, 4), t(1, 2, 4, 4 if r == 0 else 5), t(1, 2, 4, 4)))}),
     ]
@@ -156,6 +160,12 @@ def check_bytes(cases, per_rank, P):
         ("shape", r"rank 1 has q \(1, 2, 4, 5\)"),
         ("odd", r"zigzag layout .* even number of tokens; got 3"),
         ("heads", r"H must be a multiple of 2; got H=3"),
+        ("causal", (r"ring_attention: rank 1 was called with causal=True, layout='contiguous', scale=0.5 but rank 0 "
+                    r"with causal=False, layout='contiguous', scale=0.5; every rank must pass the same causal, layout")),
+        ("layout", (r"rank 1 was called with causal=False, layout='zigzag', scale=0.5 but rank 0 with causal=False, "
+                    r"layout='contiguous'")),
+        ("scale", (r"ulysses_attention: rank 1 was called with causal=False, scale=0.25 but rank 0 with "
+                   r"causal=False, scale=0.5")),
     ],
 )
 def test_bad_shards_raise_the_same_clear_error_on_every_rank(world, name, message):
