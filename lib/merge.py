@@ -82,6 +82,11 @@ def _check_states(states):
             raise TypeError(f"state {i} must be a pair (out, lse), got {type(state).__name__}")
     named = {f"out{i}": s[0] for i, s in enumerate(states)} | {f"lse{i}": s[1] for i, s in enumerate(states)}
     ops = _backend(named)
+    for name, x in named.items():
+        floating = getattr(x.dtype, "is_floating_point", None)  # torch dtypes answer; NumPy's go by their kind
+        if not (floating if floating is not None else np.dtype(x.dtype).kind == "f"):
+            raise TypeError(f"{name} has dtype {x.dtype}; attention states are floating point (a weighted average "
+                            "of integers would be truncated)")
     out0 = states[0][0]
     for i, (out, lse) in enumerate(states):
         if _shape(out)[:-1] != _shape(lse):
@@ -101,7 +106,7 @@ def merge_states(states):
     logaddexp taken against the largest lse, so no exponential exceeds 1 and gaps of hundreds stay finite;
     each out is weighted by exp(lse_i - lse), a weight in [0, 1]. A part with lse = -inf (no keys) gets weight 0;
     a row where no part had a key gets zeros and lse = -inf, never NaN. Half precision is merged in float32 and
-    returned in its own dtype; lse comes back in the dtype of the inputs' lse.
+    returned in its own dtype; out and lse come back in the dtypes of the first state's.
     """
     ops, states = _check_states(states)
     outs = [s[0] for s in states]

@@ -27,6 +27,7 @@ import datetime
 import math
 import os
 import pathlib
+import struct
 import tempfile
 import time
 import traceback
@@ -121,7 +122,11 @@ def _group_rank_size(group, what):
             f"{what} needs an initialised process group: call torch.distributed.init_process_group() on every "
             "rank first (lib.ring.launch does it for you)"
         )
-    return dist.get_rank(group), dist.get_world_size(group)
+    rank = dist.get_rank(group)
+    if rank < 0:  # get_rank answers -1 on a rank outside the group; its collectives would fail deep inside torch
+        raise RuntimeError(f"{what}: this process (global rank {dist.get_rank()}) is not a member of the group it "
+                           "was given; call it only on the group's ranks")
+    return rank, dist.get_world_size(group)
 
 
 def _peer(group, r):
@@ -179,22 +184,51 @@ def _describe(row, names):
     return ", ".join(parts)
 
 
-def _validate(q, k, v, causal, group, world_size, what, local=None):
-    """Check this rank's shards, then compare every rank's: any problem raises on every rank, never a hang.
+def _settings_row(settings, device):
+    """One int64 per call setting, (name, value) pairs of causal, layout and scale, for comparison across ranks."""
+    row = []
+    for name, value in settings:
+        if name == "layout":
+            row.append(LAYOUTS.index(value))
+        elif name == "scale":
+            row.append(struct.unpack("<q", struct.pack("<d", float(value)))[0])  # the float64's bits, exactly
+        else:
+            row.append(int(value))
+    return torch.tensor(row, dtype=torch.int64, device=device)
+
+
+def _describe_settings(values, names):
+    words = []
+    for name, value in zip(names, values):
+        if name == "layout":
+            value = LAYOUTS[value]
+        elif name == "scale":
+            value = struct.unpack("<d", struct.pack("<q", value))[0]
+        else:
+            value = bool(value)
+        words.append(f"{name}={value!r}")
+    return ", ".join(words)
+
+
+def _validate(q, k, v, causal, group, world_size, what, local=None, settings=()):
+    """Check this rank's shards and settings, then compare every rank's: any problem raises on every rank.
 
     A rank that raised alone would leave the others blocked in their first send until the timeout, so each rank
-    first shares whether its own checks passed and the shapes and dtypes of its shards, then all decide together.
+    first shares whether its own checks passed, the shapes and dtypes of its shards and its ``settings`` ((name,
+    value) pairs; a scale of None is resolved to 1/sqrt(E)), then all decide together. Ranks called with different
+    settings would otherwise compute different attentions and return a silently wrong answer.
     """
     error = None
     try:
         _check_local(q, k, v, causal, what)
         if local is not None:
             local(q, k, v)
-        mine = _signature([q, k, v])
+        resolved = [(n, 1.0 / math.sqrt(q.shape[-1]) if n == "scale" and x is None else x) for n, x in settings]
+        mine = torch.cat([_signature([q, k, v]), _settings_row(resolved, q.device)])
     except (TypeError, ValueError) as err:
         error = err
         like = q if isinstance(q, torch.Tensor) else torch.empty(0)
-        mine = torch.full((3 * (_MAX_DIMS + 2),), -3, dtype=torch.int64, device=like.device)
+        mine = torch.full((3 * (_MAX_DIMS + 2) + len(settings),), -3, dtype=torch.int64, device=like.device)
     rows = [torch.empty_like(mine) for _ in range(world_size)]
     dist.all_gather(rows, mine, group=group)
     rows = [r.tolist() for r in rows]
@@ -219,6 +253,13 @@ def _validate(q, k, v, causal, group, world_size, what, local=None):
         raise ValueError(f"{what}: shards of unequal length: the ranks hold {tokens} tokens; every rank must hold "
                          "the same number (split a sequence whose length is a multiple of the chunk count)")
     r = next(r for r, row in enumerate(rows) if row != rows[0])
+    shapes = 3 * width
+    if rows[r][:shapes] == rows[0][:shapes]:
+        names = [name for name, _ in settings]
+        raise ValueError(
+            f"{what}: rank {r} was called with {_describe_settings(rows[r][shapes:], names)} but rank 0 with "
+            f"{_describe_settings(rows[0][shapes:], names)}; every rank must pass the same {', '.join(names)}"
+        )
     raise ValueError(
         f"{what}: rank {r} has {_describe(rows[r], ('q', 'k', 'v'))} but rank 0 has "
         f"{_describe(rows[0], ('q', 'k', 'v'))}; every rank must pass shards of the same shapes and dtype"
@@ -274,8 +315,10 @@ def hiding_block(gpu_name):
 
     One step, per head: the block's attention, 4 n² E FLOPs on the tensor cores (two matrix products, no mask),
     against passing its keys and values on, 2 n E numbers of 2 bytes (bfloat16) over NVLink in one direction. The
-    two take equal time at n = FLOPs per second / link bytes per second, whatever E and the head count; a causal
-    step that computes half a block needs twice that. A prediction from datasheet rates, not a measurement.
+    two take equal time at n = FLOPs per second / link bytes per second, whatever E and the head count, when every
+    query head has its own key/value head (with G query heads a key/value head, divide by G); a causal step that
+    computes half a block needs twice that. This models a ring that sends bfloat16, as fused implementations do;
+    :func:`ring_attention` sends half precision as float32, twice the bytes. A prediction from datasheet rates, not a measurement.
     """
     from lib import cost
 
@@ -434,18 +477,20 @@ def ring_attention(q, k, v, *, causal=False, layout="contiguous", scale=None, gr
     rank's output rows (..., n, Ev) in the caller's dtype (half precision computed in float32). ``causal=True``
     masks by global position (key j <= query i), and block pairs wholly in the future are skipped, not computed.
     Differentiable: the backward pass is a second ring that returns each block's key/value gradients to its owner.
-    Raises RuntimeError without a process group, ValueError when the ranks' shards differ in shape or dtype or the
-    layout cannot split them.
+    Raises RuntimeError without a process group or on a rank outside ``group``; ValueError, on every rank, when the
+    ranks' shards differ in shape or dtype, the layout cannot split them, or the ranks pass different ``causal``,
+    ``layout`` or ``scale``.
     """
     rank, P = _group_rank_size(group, "ring_attention")
-    _check_layout(layout)
 
     def even(q, k, v):
+        _check_layout(layout)
         if layout == "zigzag" and q.shape[-2] % 2:
             raise ValueError(f"the zigzag layout gives each rank two equal chunks, so a shard needs an even "
                              f"number of tokens; got {q.shape[-2]}")
 
-    _validate(q, k, v, causal, group, P, "ring_attention", even)
+    settings = [("causal", causal), ("layout", layout), ("scale", scale)]
+    _validate(q, k, v, causal, group, P, "ring_attention", even, settings)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     cdtype = _compute_dtype(q.dtype)
@@ -513,7 +558,7 @@ def ulysses_attention(q, k, v, *, causal=False, scale=None, group=None):
     q (..., H, n, E), k (..., H, n, E), v (..., H, n, Ev): this rank's contiguous shard of the sequence for all H
     heads, H a multiple of the group's size P. An all-to-all gives each rank all N tokens of H/P heads, it runs
     ordinary attention on them, and a second all-to-all returns its output rows (..., H, n, Ev). Differentiable
-    (the all-to-all's backward is the inverse all-to-all).
+    (the all-to-all's backward is the inverse all-to-all). Errors as for :func:`ring_attention`.
     """
     _, P = _group_rank_size(group, "ulysses_attention")
 
@@ -524,7 +569,7 @@ def ulysses_attention(q, k, v, *, causal=False, scale=None, group=None):
             raise ValueError(f"ulysses_attention gives each of the {P} ranks H/P heads, so H must be a multiple "
                              f"of {P}; got H={q.shape[-3]}")
 
-    _validate(q, k, v, causal, group, P, "ulysses_attention", heads)
+    _validate(q, k, v, causal, group, P, "ulysses_attention", heads, [("causal", causal), ("scale", scale)])
     qh, kh, vh = (_SeqToHeads.apply(x, group, P) for x in (q, k, v))  # (..., H/P, N, E)
     from lib.attention import attention
 
@@ -542,8 +587,10 @@ def causal_tile_counts(N, world_size, layout="contiguous", tile=64):
 
     Each rank cuts each of its runs of tokens (one for "contiguous", two for "zigzag") into tiles of ``tile``
     tokens, its queries and each arriving key block alike. A (query tile, key tile) pair is computed when at least
-    one of its keys is at or before one of its queries; pairs wholly in the future are skipped, as
-    :func:`ring_attention` skips them. Counts are exact integers; the runs must be multiples of ``tile`` long.
+    one of its keys is at or before one of its queries; pairs wholly in the future are skipped, as a tiled kernel
+    skips them. (:func:`ring_attention`, in plain torch, skips only whole runs that lie in the future and computes
+    a run pair on the diagonal in full, under a mask.) Counts are exact integers; the runs must be multiples of
+    ``tile`` long.
     """
     n = _check_split(N, world_size, layout)
     P = world_size
@@ -621,6 +668,9 @@ def launch(fn, world_size, *args, timeout=60.0, backend="gloo"):
     _check_importable(fn)
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise ValueError(f"the nccl backend gives each rank a GPU of its own (NCCL refuses two ranks on one GPU): "
+                         f"{world_size} ranks need {world_size} GPUs, this machine has {torch.cuda.device_count()}")
     context = torch.multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="ring-") as folder:
         saved = os.environ.get("PYTHONWARNINGS")
@@ -673,7 +723,8 @@ def run_cases(rank, world_size, cases):
 
     A case is a dict with ``scheme`` ("ring" or "ulysses"), ``causal``, ``layout`` (ring only) and the whole
     sequence's ``q``, ``k``, ``v`` and ``dout`` (the output's gradient); or ``shards``, a list of per-rank
-    ``(q, k, v)``, to pass inputs as they are. With ``ranks``, a list of global ranks, the case runs on a
+    ``(q, k, v)``, to pass inputs as they are; optionally ``scale``. A list in place of ``causal``, ``layout`` or
+    ``scale`` gives each rank its own value (to test ranks that disagree). With ``ranks``, a list of global ranks, the case runs on a
     subgroup of just those ranks (every rank creates the group; the others return None for it). For each case it
     returns a dict with this rank's ``out``, ``dq``, ``dk``, ``dv`` and the bytes it sent forward and backward,
     or ``error``: "TypeName: message" if the call raised.
@@ -687,9 +738,11 @@ def run_cases(rank, world_size, cases):
                 results.append(None)
                 continue
             me, size = case["ranks"].index(rank), len(case["ranks"])
+        mine = {x: case.get(x, default) for x, default in (("causal", False), ("layout", "contiguous"), ("scale", None))}
+        mine = {x: value[me] if isinstance(value, list) else value for x, value in mine.items()}  # per-rank lists
         fn = ring_attention if case["scheme"] == "ring" else ulysses_attention
-        kwargs = {"causal": case.get("causal", False), "group": group}
-        layout = case.get("layout", "contiguous")
+        kwargs = {"causal": mine["causal"], "scale": mine["scale"], "group": group}
+        layout = mine["layout"]
         if case["scheme"] == "ring":
             kwargs["layout"] = layout
         try:

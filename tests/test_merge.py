@@ -150,6 +150,10 @@ def test_bad_states_raise_clear_errors():
         merge_states([(out, lse[..., None])])
     with pytest.raises(TypeError, match="pair"):
         merge_states([out])
+    with pytest.raises(TypeError, match="out0 has dtype torch.int64; attention states are floating point"):
+        merge_states([(out.long(), lse)])
+    with pytest.raises(TypeError, match="lse1 has dtype int32"):
+        merge_states([(out.numpy(), lse.numpy()), (out.numpy(), lse.numpy().astype(np.int32))])
     with pytest.raises(TypeError, match="NumPy arrays or all torch"):
         merge_states([(out, lse), (out.numpy(), lse.numpy())])
     with pytest.raises(ValueError, match="E=3 but q has E=4"):

@@ -56,6 +56,10 @@ def bad_cases(world):
         ("shape", {"scheme": "ring", "shards": per_rank(lambda r: (t(1, 2, 4, 4 + r),) * 3)}),
         ("odd", {"scheme": "ring", "layout": "zigzag", "shards": per_rank(lambda r: (t(1, 2, 3, 4),) * 3)}),
         ("heads", {"scheme": "ulysses", "shards": per_rank(lambda r: (t(1, 3, 4, 4),) * 3)}),
+        ("causal", {"scheme": "ring", "causal": [False, True], "shards": per_rank(lambda r: (t(1, 2, 4, 4),) * 3)}),
+        ("layout", {"scheme": "ring", "layout": ["contiguous", "zigzag"],
+                    "shards": per_rank(lambda r: (t(1, 2, 4, 4),) * 3)}),
+        ("scale", {"scheme": "ulysses", "scale": [None, 0.25], "shards": per_rank(lambda r: (t(1, 2, 4, 4),) * 3)}),
         ("one rank", {"scheme": "ring", "shards": per_rank(
             lambda r: (t(1, 2, 4, 4), t(1, 2, 4, 4 if r == 0 else 5), t(1, 2, 4, 4)))}),
     ]
@@ -63,7 +67,7 @@ def bad_cases(world):
 
 def sdpa_reference(case):
     q, k, v = (case[x].clone().requires_grad_() for x in ("q", "k", "v"))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=case["causal"])
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=case["causal"], scale=case.get("scale"))
     out.backward(case["dout"])
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
@@ -73,12 +77,13 @@ SUBGROUP = (("ring", "contiguous"), ("ring", "zigzag"), ("ulysses", "contiguous"
 
 def world_cases():
     """Cases for one world of 3 ranks: 2-rank cases on the group of ranks 0 and 1, 3-rank cases on the whole
-    world, and cases on the group of global ranks 1 and 2 (group ranks 0 and 1), whose peers must be mapped."""
+    world, and cases on the group of global ranks 1 and 2 (group ranks 0 and 1), whose peers must be mapped, with
+    a scale other than 1/sqrt(E), which the backward pass must use too."""
     two = [dict(case, ranks=[0, 1]) for case in good_cases(2, N=16, H=4)]
     bad = [(name, dict(case, ranks=[0, 1])) for name, case in bad_cases(2)]
     three = good_cases(3, N=18, H=3, seed=10)
-    sub = [{"scheme": s, "layout": lay, "causal": True, "ranks": [1, 2], **inputs(1, 2, 8, 4, 4, 20 + i)}
-           for i, (s, lay) in enumerate(SUBGROUP)]
+    sub = [{"scheme": s, "layout": lay, "causal": True, "ranks": [1, 2], "scale": 0.3,
+            **inputs(1, 2, 8, 4, 4, 20 + i)} for i, (s, lay) in enumerate(SUBGROUP)]
     half = [{"scheme": s, "layout": lay, "causal": True, "ranks": [0, 1], **inputs(1, 2, 16, 8, 8, 30 + i,
                                                                                     dtype=torch.bfloat16)}
             for i, (s, lay) in enumerate(SUBGROUP)]
@@ -155,6 +160,12 @@ def check_bytes(cases, per_rank, P):
         ("shape", r"rank 1 has q \(1, 2, 4, 5\)"),
         ("odd", r"zigzag layout .* even number of tokens; got 3"),
         ("heads", r"H must be a multiple of 2; got H=3"),
+        ("causal", (r"ring_attention: rank 1 was called with causal=True, layout='contiguous', scale=0.5 but rank 0 "
+                    r"with causal=False, layout='contiguous', scale=0.5; every rank must pass the same causal, layout")),
+        ("layout", (r"rank 1 was called with causal=False, layout='zigzag', scale=0.5 but rank 0 with causal=False, "
+                    r"layout='contiguous'")),
+        ("scale", (r"ulysses_attention: rank 1 was called with causal=False, scale=0.25 but rank 0 with "
+                   r"causal=False, scale=0.5")),
     ],
 )
 def test_bad_shards_raise_the_same_clear_error_on_every_rank(world, name, message):
@@ -173,7 +184,7 @@ def test_three_ranks_forward_and_gradients_equal_autograd_through_sdpa(world):
     assert_matches_sdpa(world_cases()[2], world["three"], F64)
 
 
-def test_a_subgroup_of_global_ranks_1_and_2_equals_sdpa(world):
+def test_a_subgroup_of_global_ranks_1_and_2_with_its_own_scale_equals_sdpa(world):
     assert all(r is None for r in world["outside"])  # rank 0 is not in the group
     assert_matches_sdpa(world_cases()[3], world["sub"], F64)
 
@@ -197,6 +208,22 @@ def test_without_a_process_group_the_error_says_so():
         ring.ring_attention(x, x, x)
     with pytest.raises(RuntimeError, match="needs an initialised process group"):
         ring.ulysses_attention(x, x, x)
+
+
+def test_a_rank_outside_the_group_it_was_given_gets_a_clear_error(monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: -1 if group is not None else 2)
+    x = torch.zeros(1, 2, 4, 4)
+    for fn in (ring.ring_attention, ring.ulysses_attention):
+        with pytest.raises(RuntimeError, match=r"global rank 2\) is not a member of the group"):
+            fn(x, x, x, group=object())
+
+
+def test_nccl_needs_a_gpu_for_every_rank():
+    if torch.cuda.device_count() >= 2:
+        pytest.skip("this machine has a GPU for each of 2 ranks")
+    with pytest.raises(ValueError, match=r"2 ranks need 2 GPUs, this machine has \d"):
+        ring.launch(fail_on_rank_one, 2, backend="nccl")
 
 
 def fail_on_rank_one(rank, world_size):
@@ -266,9 +293,32 @@ def test_causal_contiguous_ring_is_imbalanced_and_zigzag_is_not(P, ratio):
     assert float(critical_path(contiguous)) < (2 * P - 1) / P
 
 
-def test_ring_skips_the_blocks_the_tile_count_skips():
+def test_tile_counts_of_small_rings():
     assert ring.causal_tile_counts(8, 2, "contiguous", tile=4) == [[1, 1], [0, 1]]
     assert ring.causal_tile_counts(8, 2, "zigzag", tile=2) == [[3, 3], [2, 2]]
+
+
+@pytest.mark.parametrize("layout, rank, P, expected", [
+    ("contiguous", 0, 3, [(4, 4)]),  # rank 0 meets only its own block; the later ones lie in its future
+    ("contiguous", 2, 3, [(4, 4), (4, 4), (4, 4)]),
+    ("zigzag", 0, 2, [(2, 2)] * 5),  # queries|keys chunks, step 0: 0|0, 3|0, 3|3; step 1: 3|1, 3|2
+])
+def test_the_ring_computes_no_block_pair_that_lies_wholly_in_the_future(monkeypatch, layout, rank, P, expected):
+    """One rank of a stand-in ring (its transfers return the same tensors): which (queries, keys) pairs it computes."""
+    pairs, real = [], ring.attention_state
+
+    def attention_state(q, k, v, mask=None, **kwargs):
+        pairs.append((q.shape[-2], k.shape[-2]))
+        return real(q, k, v, mask, **kwargs)
+
+    monkeypatch.setattr(ring, "_group_rank_size", lambda group, what: (rank, P))
+    monkeypatch.setattr(ring, "_validate", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ring, "_peer", lambda group, r: r)
+    monkeypatch.setattr(ring, "_exchange", lambda tensors, *args: (([], tensors), [t.clone() for t in tensors]))
+    monkeypatch.setattr(ring, "attention_state", attention_state)
+    x = torch.randn(1, 4, 2)
+    ring.ring_attention(x, x, x, causal=True, layout=layout)
+    assert pairs == expected
 
 
 def test_each_step_posts_the_next_blocks_transfer_before_computing(monkeypatch):
