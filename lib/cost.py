@@ -83,7 +83,9 @@ def choose_num_splits(programs: int, keys: int, sms: int, *, min_keys: int = 256
     3. among the counts allowed, the smallest whose wave efficiency (``wave_efficiency(programs · splits, sms)``) is
        within ``tolerance`` of the best one: more slices than that add merge work and no busier SMs.
 
-    This is the rule of FlashAttention-2's ``num_splits_heuristic``, without its special cases.
+    It is modelled on FlashAttention-2's ``num_splits_heuristic``, simplified: that rule counts two programs per SM
+    (it is passed twice the SM count) and stops splitting once the programs fill 80% of them; here ``sms`` is the
+    number of programs that run at once, and splitting stops only when they fill all of it (chapter 10).
     """
     import numbers
 
