@@ -209,6 +209,8 @@ def _forward_tiles(
         else:
             p = tl.math.exp2(s - m_new[:, None])  # (BLOCK_M, BLOCK_N), weights up to the row's final 1 / l
         alpha = tl.math.exp2(m_i - m_new)  # rescales what was summed under the old maximum
+        # Compiled for sm_90, ptxas serialises this kernel's wgmma, a wait after every product (its C7515: "non wgmma
+        # instructions defining accumulator registers of a wgmma"); the rescale acc * alpha is the likely culprit.
         if FOLD:  # the tutorial's order: the row sum is folded into l after the product is issued
             l_ij = tl.sum(p, 1)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
