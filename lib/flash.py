@@ -292,10 +292,10 @@ def _flash_forward(
 #   reads:   k and v once; q, dO, lse and D once per key block.   writes: dK and dV, once.
 # Then dQ, one of two ways (Variant.atomic_dq):
 #   ATOMIC: the same program also forms that pair's share of dQ, dS K, and adds it with float32 atomic adds into a
-#           zeroed (Z, L, E) buffer: 5 products per tile pair, one launch; the order of the additions, hence
+#           zeroed (Z, L, E) buffer: 5 products per tile pair, one main kernel; the order of the additions, hence
 #           the last bits of dQ, varies from run to run.
 #   otherwise: _flash_backward_q, one program per (z, query block), owns dQ and walks the key blocks, recomputing
-#           P and dP: 7 products in all and two launches, but every output is written by exactly one program, so
+#           P and dP: 7 products in all and two main kernels, but every output is written by exactly one program, so
 #           the result is the same bit for bit on every run.
 # --------------------------------------------------------------------------------------------------------------
 
