@@ -117,11 +117,23 @@ def decode_bytes(batch: int, kv_heads: int, keys: int, E: int, Ev: int, bytes_pe
 # --------------------------------------------------------------------------------------------------------------
 
 # float32 instructions per score in the forward loop, counted in the SASS of lib.flash's loop compiled for sm_90
-# (tools/compile_report.py, 128 × 64 tiles, head size 128): 188 for 32 scores a thread with the scale folded into
-# the exponent's FMA, 218 without. They cover the max, the subtraction, the row sum, the 16-bit pack and the rescale
-# of the accumulator; SDPA's kernels do the same work, in about the same count.
-FP32_PER_SCORE_FOLDED = 188 / 32
+# (tools/compile_report.py --loop, 128 × 64 tiles, 8 warps, 32 scores a thread). Two parts: the softmax proper (the
+# max, the subtraction fused with the scale, the row sum, the 16-bit pack: 124 instructions for 32 scores with the
+# scale folded into the exponent's FMA, 154 without), and the rescale of the float32 accumulator by alpha, one FMUL
+# per accumulator entry per key tile, that is Ev / BLOCK_N per score. Compiled: 156 at head size 64 and 188 at 128
+# (folded), 186 and 218 (not folded). Other kernels pick other tiles; the count is this library's, not SDPA's.
+FP32_SOFTMAX_FOLDED = 124 / 32
+FP32_SOFTMAX_UNFOLDED = 154 / 32
+FP32_PER_SCORE_FOLDED = 188 / 32  # head size 128, as compiled
 FP32_PER_SCORE_UNFOLDED = 218 / 32
+
+
+def fp32_per_score(d: int, block_n: int = 64, folded: bool = True) -> float:
+    """Float32 instructions per score of the forward loop at head size ``d`` with key tiles of ``block_n`` (chapter 8):
+    the softmax's own, plus the accumulator's rescale, ``d / block_n``."""
+    if d <= 0 or block_n <= 0:
+        raise ValueError(f"d and block_n must be positive; got d={d}, block_n={block_n}")
+    return (FP32_SOFTMAX_FOLDED if folded else FP32_SOFTMAX_UNFOLDED) + d / block_n
 
 
 @dataclass(frozen=True)
@@ -164,11 +176,14 @@ class ScoreLedger:
 
 
 def score_ledger(gpu: GPU, d: int, n: int = 4096, products: int = 2, exponentials: float = 1.0,
-                 fp32_ops: float = FP32_PER_SCORE_FOLDED, elt: int = 2) -> ScoreLedger:
+                 fp32_ops: float | None = None, elt: int = 2) -> ScoreLedger:
     """The ledger per score of attention with head size ``d`` over ``n`` keys (chapter 8). The forward pass has 2
-    products and 1 exponential a score; a backward pass 5 products (7 with a separate dQ kernel) and 1 or 2."""
+    products and 1 exponential a score; a backward pass 5 products (7 with a separate dQ kernel) and 1 or 2.
+    ``fp32_ops`` defaults to the library's compiled forward loop, :func:`fp32_per_score` ``(d)``."""
     if d <= 0 or n <= 0 or products <= 0:
         raise ValueError(f"d, n and products must be positive; got d={d}, n={n}, products={products}")
+    if fp32_ops is None:
+        fp32_ops = fp32_per_score(d)
     return ScoreLedger(gpu, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n))
 
 

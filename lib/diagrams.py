@@ -304,8 +304,9 @@ _UNIT_COLORS = {"tensor cores": "#0072B2", "exponential unit": "#E69F00", "float
 
 
 def score_ledger_bars(ledgers, measured=None, ax=None):
-    """Picoseconds per score on each unit, for each head size: the units one after another (a stacked bar) against
-    a kernel that overlaps them all (the longest unit alone), with SDPA's measured time per score as a tick.
+    """Picoseconds per score on each unit, for each head size: the units one after another (a stacked bar), a
+    kernel that overlaps its softmax's two units (dashed) and one that overlaps them all (the longest unit alone,
+    dotted), with SDPA's measured time per score as a tick.
 
     ``ledgers`` maps a label (e.g. "d = 64") to a :class:`lib.cost.ScoreLedger`; ``measured`` maps the same labels
     to measured seconds per score."""
@@ -323,9 +324,12 @@ def score_ledger_bars(ledgers, measured=None, ax=None):
             left += ps
         ax.plot([ledger.bound("full") * 1e12] * 2, [i - 0.42, i + 0.42], color="black", lw=1.5, ls=":",
                 label="all units overlapped" if i == 0 else None)
+        # the prediction's other end: float32 work hidden under the exponentials, products still in turn
+        ax.plot([ledger.bound("softmax") * 1e12] * 2, [i - 0.42, i + 0.42], color="black", lw=1.5, ls="--",
+                label="softmax overlapped" if i == 0 else None)
         if measured and label in measured:
             ax.plot([measured[label] * 1e12] * 2, [i - 0.42, i + 0.42], color="#D55E00", lw=2.5,
-                    label="SDPA measured (cuDNN)" if i == 0 else None)
+                    label="SDPA measured (cuDNN, by match)" if i == 0 else None)
     ax.set_yticks(range(len(rows)), [label for label, _ in rows])
     ax.set_xlabel("picoseconds per score (one query-key pair), whole GPU")
     ax.set_title("At d = 64 the exponentials cost as much as the products")

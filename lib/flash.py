@@ -209,6 +209,8 @@ def _forward_tiles(
         else:
             p = tl.math.exp2(s - m_new[:, None])  # (BLOCK_M, BLOCK_N), weights up to the row's final 1 / l
         alpha = tl.math.exp2(m_i - m_new)  # rescales what was summed under the old maximum
+        # Compiled for sm_90, ptxas serialises this kernel's wgmma, a wait after every product (its C7515: "non wgmma
+        # instructions defining accumulator registers of a wgmma"); the rescale acc * alpha is the likely culprit.
         if FOLD:  # the tutorial's order: the row sum is folded into l after the product is issued
             l_ij = tl.sum(p, 1)
             acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
@@ -290,10 +292,10 @@ def _flash_forward(
 #   reads:   k and v once; q, dO, lse and D once per key block.   writes: dK and dV, once.
 # Then dQ, one of two ways (Variant.atomic_dq):
 #   ATOMIC: the same program also forms that pair's share of dQ, dS K, and adds it with float32 atomic adds into a
-#           zeroed (Z, L, E) buffer: 5 products per tile pair, one launch; the order of the additions, hence
+#           zeroed (Z, L, E) buffer: 5 products per tile pair, one main kernel; the order of the additions, hence
 #           the last bits of dQ, varies from run to run.
 #   otherwise: _flash_backward_q, one program per (z, query block), owns dQ and walks the key blocks, recomputing
-#           P and dP: 7 products in all and two launches, but every output is written by exactly one program, so
+#           P and dP: 7 products in all and two main kernels, but every output is written by exactly one program, so
 #           the result is the same bit for bit on every run.
 # --------------------------------------------------------------------------------------------------------------
 

@@ -235,7 +235,8 @@ _KIND = {"UTMALDG": "copy", "LDGSTS": "copy", "LDG": "copy", "SYNCS": "barrier",
 def skeleton(body):
     """The loop in program order as phases, e.g. ['8× LDGSTS', '1× BAR.SYNC', '8× HGMMA.64x64x16 (+wait)',
     '34 MUFU.EX2 + 188 float32', ...]: a product directly followed by its wait is one step, and the exponentials
-    and float32 arithmetic between two other steps are one phase, since their order is the scheduler's."""
+    and float32 arithmetic between two other steps are one phase, since their order is the scheduler's. Where
+    ptxas serialises a kernel's wgmma (the C7515 note of its -v report), every product is followed by its wait."""
     steps = []  # [kind, label, count] or for softmax [kind, Counter]
     for op, _ in body:
         name = family(op)
