@@ -1,5 +1,6 @@
-# Course setup, the same in every chapter. In the repository it finds lib/ above this notebook. Elsewhere (Colab)
-# it clones the course once beside the notebook, installing nothing: Colab's own torch, NumPy and matplotlib stay.
+# Course setup, the same in every chapter. In the repository it finds lib/ above this
+# notebook. Elsewhere (Colab) it clones the course once beside the notebook, installing
+# nothing: Colab's own torch, NumPy and matplotlib stay.
 import os
 import pathlib
 import subprocess
@@ -17,7 +18,8 @@ def course_root():
     clone = pathlib.Path(os.environ.get("COURSE_CLONE_DIR", here / "attention-course"))
     if not (clone / "lib" / "attention.py").is_file():
         url = os.environ.get("COURSE_REPO_URL", REPO_URL)
-        subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", BRANCH, url, str(clone)], check=True)
+        cmd = ["git", "clone", "--quiet", "--depth", "1", "--branch", BRANCH, url]
+        subprocess.run([*cmd, str(clone)], check=True)
     return clone
 
 
