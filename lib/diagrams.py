@@ -102,7 +102,7 @@ def module_dataflow(*, X, w_q, w_k, w_v, Q, K, V, A, out, w_o=None, unit=0.035):
     if _shape(A) != (n, n) or _shape(out)[0] != n:
         raise ValueError(f"weights {_shape(A)} and output {_shape(out)} do not fit {n} tokens")
 
-    gap, space = 0.8, 0.42  # inches between columns of blocks, and between blocks
+    gap, space = 1.0, 0.42  # inches between columns of blocks, and between blocks
     columns = [[("X", X)], [("$W_Q$", w_q), ("$W_K$", w_k), ("$W_V$", w_v)],
                [("$Q$", Q), ("$K$", K), ("$V$", V)], [("$A$", A)], [("$AV$", out)]]
     if w_o is not None:
@@ -129,26 +129,29 @@ def module_dataflow(*, X, w_q, w_k, w_v, Q, K, V, A, out, w_o=None, unit=0.035):
                 ax.imshow(np.asarray(a, dtype=float), cmap="cividis", aspect="auto",
                           extent=(x, x + w, y0, y), interpolation="nearest")
                 ax.add_patch(plt.Rectangle((x, y0), w, h, fill=False, edgecolor="#444444", lw=1))
-            ax.text(x + w / 2, y0 - 0.06, f"{name}  {rows}×{cols}", ha="center", va="top", fontsize=9.5)
+            ax.text(x + w / 2, y0 - 0.06, f"{name}  {rows}×{cols}", ha="center", va="top", fontsize=10.5)
             boxes[name] = (x, y0, w, h)
             y = y0 - space
         x += cw + gap
 
-    def arrow(src, dst, label=None, dashed=False, low=False):
+    def arrow(src, dst, label=None, dashed=False, low=False, below=False):
         x0, y0, w0, h0 = boxes[src]
         x1, y1, _, h1 = boxes[dst]
         ax.annotate("", xy=(x1 - 0.04, y1 + (0.15 if low else 0.5) * h1), xytext=(x0 + w0 + 0.04, y0 + h0 / 2),
                     arrowprops={"arrowstyle": "-|>", "color": "#444444", "lw": 1.1,
                                 "linestyle": "--" if dashed else "-"})
         if label:
-            ax.text((x0 + w0 + x1) / 2, (y0 + h0 / 2 + y1 + h1 / 2) / 2 + 0.08, label,
-                    ha="center", va="bottom", fontsize=9)
+            middle = (y0 + h0 / 2 + y1 + h1 / 2) / 2
+            ax.text((x0 + w0 + x1) / 2, middle - 0.08 if below else middle + 0.08, label,
+                    ha="center", va="top" if below else "bottom", fontsize=10)
 
     for w_name, target in (("$W_Q$", "$Q$"), ("$W_K$", "$K$"), ("$W_V$", "$V$")):
         arrow("X", w_name)
         arrow(w_name, target)
     arrow("$Q$", "$A$")
-    arrow("$K$", "$A$", "softmax")
+    arrow("$K$", "$A$")
+    xa, ya, wa, ha = boxes["$A$"]
+    ax.text(xa + wa / 2, ya + ha + 0.08, "softmax", ha="center", va="bottom", fontsize=10)
     arrow("$A$", "$AV$", "@")
     arrow("$V$", "$AV$", low=True)
     if w_o is not None:
