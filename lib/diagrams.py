@@ -102,14 +102,14 @@ def module_dataflow(*, X, w_q, w_k, w_v, Q, K, V, A, out, w_o=None, unit=0.035):
     if _shape(A) != (n, n) or _shape(out)[0] != n:
         raise ValueError(f"weights {_shape(A)} and output {_shape(out)} do not fit {n} tokens")
 
-    gap, space = 1.0, 0.42  # inches between columns of blocks, and between blocks
+    gap, space = 0.9, 0.5  # inches between columns of blocks, and between blocks
     columns = [[("X", X)], [("$W_Q$", w_q), ("$W_K$", w_k), ("$W_V$", w_v)],
                [("$Q$", Q), ("$K$", K), ("$V$", V)], [("$A$", A)], [("$AV$", out)]]
     if w_o is not None:
         columns += [[("$W_O$", w_o)], [("output", (n, _shape(w_o)[1]))]]
     col_w = [max(_shape(a)[1] for _, a in col) * unit for col in columns]
     col_h = [sum(_shape(a)[0] * unit for _, a in col) + space * (len(col) - 1) for col in columns]
-    width, height = sum(col_w) + gap * (len(columns) - 1) + 0.4, max(col_h) + 0.9
+    width, height = sum(col_w) + gap * (len(columns) - 1) + 0.4, max(col_h) + 1.1
     fig, ax = plt.subplots(figsize=(width, height))
     ax.set_xlim(0, width)
     ax.set_ylim(0, height)
@@ -129,7 +129,7 @@ def module_dataflow(*, X, w_q, w_k, w_v, Q, K, V, A, out, w_o=None, unit=0.035):
                 ax.imshow(np.asarray(a, dtype=float), cmap="cividis", aspect="auto",
                           extent=(x, x + w, y0, y), interpolation="nearest")
                 ax.add_patch(plt.Rectangle((x, y0), w, h, fill=False, edgecolor="#444444", lw=1))
-            ax.text(x + w / 2, y0 - 0.06, f"{name}  {rows}×{cols}", ha="center", va="top", fontsize=10.5)
+            ax.text(x + w / 2, y0 - 0.06, f"{name}  {rows}×{cols}", ha="center", va="top", fontsize=13)
             boxes[name] = (x, y0, w, h)
             y = y0 - space
         x += cw + gap
@@ -151,12 +151,14 @@ def module_dataflow(*, X, w_q, w_k, w_v, Q, K, V, A, out, w_o=None, unit=0.035):
     arrow("$Q$", "$A$")
     arrow("$K$", "$A$")
     xa, ya, wa, ha = boxes["$A$"]
-    ax.text(xa + wa / 2, ya + ha + 0.08, "softmax", ha="center", va="bottom", fontsize=10)
-    arrow("$A$", "$AV$", "@")
+    ax.text(xa + wa / 2, ya + ha + 0.08, "softmax", ha="center", va="bottom", fontsize=13)
+    arrow("$A$", "$AV$")
     arrow("$V$", "$AV$", low=True)
     if w_o is not None:
-        arrow("$AV$", "$W_O$", "@", dashed=True)
+        arrow("$AV$", "$W_O$", dashed=True)
         arrow("$W_O$", "output", dashed=True)
-    ax.text(width / 2, height - 0.1, "X @ W gives Q, K, V; softmax means softmax$(QK^\\top/\\sqrt{d_k})$, row by row",
-            ha="center", va="top", fontsize=9.5, color="#444444")
+    formula = "$Q, K, V = XW_Q, XW_K, XW_V$     $A = $softmax$(QK^\\top/\\sqrt{d_k})$ by rows     output $= AV$"
+    if w_o is not None:
+        formula += "$\\,W_O$"
+    ax.text(width / 2, height - 0.05, formula, ha="center", va="top", fontsize=13, color="#444444")
     return fig
