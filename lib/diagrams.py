@@ -516,3 +516,76 @@ def module_dataflow(*, X, w_q, w_k, w_v, Q, K, V, A, out, w_o=None, unit=0.035):
         formula += "$\\,W_O$"
     ax.text(width / 2, height - 0.05, formula, ha="center", va="top", fontsize=13, color="#444444")
     return fig
+
+
+def head_split(q, heads, merged, *, unit=0.09):
+    """Draw one sequence's split into heads and back (chapter 6): q (n, d_model) cut into h column groups,
+    the h heads' (n, d_k) blocks that attention works on, and their outputs side by side again.
+
+    ``q`` is (n, d_model), ``heads`` the attention outputs of that sequence, (h, n, d_k), and ``merged`` their
+    (n, d_model) concatenation. Each head has its own colour frame. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    q, heads, merged = (np.asarray(a, dtype=float) for a in (q, heads, merged))
+    h, n, d_k = heads.shape
+    if q.shape != (n, h * d_k) or merged.shape != (n, h * d_k):
+        raise ValueError(f"q {q.shape} and merged {merged.shape} must be (n, h*d_k) = {(n, h * d_k)}")
+    colours = [BLUE, ORANGE, GREEN, "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", INK]
+    wide, tall = h * d_k * unit, n * unit
+    space = 0.25
+    stack = h * tall + (h - 1) * space
+    gap = 1.3
+    width = 2 * wide + 2 * d_k * unit + 3 * gap + 0.4
+    height = stack + 1.4
+    fig, ax = plt.subplots(figsize=(width, height))
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.axis("off")
+
+    def block(x, y, values, edge, label=None):
+        w, t = values.shape[1] * unit, values.shape[0] * unit
+        ax.imshow(values, cmap="cividis", aspect="auto", extent=(x, x + w, y, y + t), interpolation="nearest",
+                  zorder=2)
+        ax.add_patch(plt.Rectangle((x, y), w, t, fill=False, edgecolor=edge, lw=2, zorder=3))
+        if label:
+            ax.text(x + w / 2, y - 0.05, label, ha="center", va="top", fontsize=10)
+
+    def wide_block(x, values, name):
+        y = (height - tall) / 2
+        block(x, y, values, INK, f"{name}  {n}×{h * d_k}")
+        for i in range(h):  # each head's columns framed in its colour
+            ax.add_patch(plt.Rectangle((x + i * d_k * unit, y), d_k * unit, tall, fill=False,
+                                       edgecolor=colours[i % len(colours)], lw=2, zorder=3))
+            ax.text(x + (i + 0.5) * d_k * unit, y + tall + 0.05, f"head {i}", ha="center", va="bottom",
+                    fontsize=9, color=colours[i % len(colours)])
+        return y
+
+    x0 = 0.2
+    y_mid = wide_block(x0, q, "$Q$") + tall / 2
+    x1 = x0 + wide + gap
+    x2 = x1 + d_k * unit + gap
+    top = (height + stack) / 2 - 0.1
+    for i in range(h):
+        y = top - (i + 1) * tall - i * space
+        colour = colours[i % len(colours)]
+        block(x1, y, q[:, i * d_k:(i + 1) * d_k], colour)
+        block(x2, y, heads[i], colour)
+        fan = y_mid + (h / 2 - i - 0.5) * tall / h  # head i's arrows leave and enter at their own height
+        ax.annotate("", xy=(x1 - 0.05, y + tall / 2), xytext=(x0 + wide + 0.05, fan),
+                    arrowprops={"arrowstyle": "-|>", "color": colour, "lw": 1}, zorder=1)
+        ax.annotate("", xy=(x2 - 0.05, y + tall / 2), xytext=(x1 + d_k * unit + 0.05, y + tall / 2),
+                    arrowprops={"arrowstyle": "-|>", "color": colour, "lw": 1})
+        ax.annotate("", xy=(x2 + d_k * unit + gap - 0.05, fan), xytext=(x2 + d_k * unit + 0.05, y + tall / 2),
+                    arrowprops={"arrowstyle": "-|>", "color": colour, "lw": 1}, zorder=1)
+    ax.text(x1 + d_k * unit / 2, 0.02, f"{h} heads of $Q$,\n{n}×{d_k} each", ha="center", va="bottom", fontsize=10)
+    ax.text(x2 + d_k * unit / 2, 0.02, f"attention per\nhead, {n}×{d_k}", ha="center", va="bottom", fontsize=10)
+    ax.text((x0 + wide + x1) / 2, height - 0.05, "reshape,\ntranspose(1, 2)", ha="center", va="top", fontsize=9)
+    x3 = x2 + d_k * unit + gap
+    ax.text((x2 + d_k * unit + x3) / 2, height - 0.05, "transpose(1, 2),\nreshape", ha="center", va="top",
+            fontsize=9)
+    wide_block(x3, merged, "merged")
+    return fig
