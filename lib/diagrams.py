@@ -366,7 +366,7 @@ def forward_tile_budget(tiles_kib, capacities_kib, ax=None):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# chapters 4-6: the score matrix and its masks (chapter 5), the module's data flow (chapter 6)
+# chapters 4-6: the score matrix and its masks (chapter 5), the module's data flow and its head split (chapter 6)
 
 _MAY = "#0072B2"  # the book's blue: a pair that may attend
 _MASKED = "#D9D9D9"  # light grey: a masked pair, whose score becomes -inf
