@@ -79,15 +79,15 @@ def apply_rope(x, positions=None, *, offset=0, base=10000.0):
         if pos.ndim == 0 or pos.shape[-1] != L:
             raise ValueError(f"positions must have shape (..., L) with L={L} (the rows of x); got {pos.shape}")
         pos = pos.astype(np.float64)
-    angles = pos[..., :, None] * theta  # (..., L, E/2)
-    cos, sin = np.cos(angles), np.sin(angles)
     if tensor:
         import torch
 
-        cos = torch.as_tensor(cos, device=x.device).to(x.dtype)
-        sin = torch.as_tensor(sin, device=x.device).to(x.dtype)
+        angles = torch.as_tensor(pos[..., :, None] * theta, device=x.device)  # (..., L, E/2), float64
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
         even, odd = x[..., 0::2], x[..., 1::2]  # (..., L, E/2) each: the two coordinates of every pair
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)  # (..., L, E)
+    angles = pos[..., :, None] * theta  # (..., L, E/2)
+    cos, sin = np.cos(angles), np.sin(angles)
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     even, odd = x[..., 0::2], x[..., 1::2]
     rotated = np.stack((even * cos - odd * sin, even * sin + odd * cos), axis=-1)  # (..., L, E/2, 2)
