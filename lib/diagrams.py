@@ -113,3 +113,63 @@ def decoder_block(d_model, n_heads, n_kv_heads, d_ff, n_layers):
     ax.set_ylim(0, 10.3)
     ax.axis("off")
     return fig
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapter 7: what attention costs, and the way out
+# --------------------------------------------------------------------------------------------------------------
+
+
+def running_state(row, block):
+    """Chapter 7: one row's running maximum m and total ℓ = Σ exp(s - m) after each block of its scores."""
+    import math
+
+    m, total, states = -math.inf, 0.0, []
+    for start in range(0, len(row), block):
+        part = [float(x) for x in row[start:start + block]]
+        m_new = max(m, max(part))
+        total = total * math.exp(m - m_new) + sum(math.exp(x - m_new) for x in part)
+        m = m_new
+        states.append((m, total))
+    return states
+
+
+def tile_grid(scores, block_q, block_k):
+    """Chapter 7: a score matrix cut into tiles, and each row's running (m, ℓ) after each key tile.
+
+    The grid shows the scores (L, S) coloured and printed, tile boundaries drawn thick; beside each row, one column
+    per key tile gives the running maximum m and total ℓ that the online softmax holds after that tile.
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    scores = np.asarray(scores, dtype=float)
+    L, S = scores.shape
+    n_tiles = -(-S // block_k)
+    fig, ax = plt.subplots(figsize=(min(11.0, 0.55 * S + 1.9 * n_tiles + 1.5), 0.55 * L + 1.6))
+    ax.imshow(scores, cmap="viridis", extent=(0, S, L, 0), aspect="equal")
+    for r in range(L):
+        for c in range(S):
+            ax.text(c + 0.5, r + 0.5, f"{scores[r, c]:.1f}", ha="center", va="center", fontsize=8,
+                    color="white" if scores[r, c] < scores.mean() else "black")
+    for x in range(0, S + 1, block_k):
+        ax.axvline(min(x, S), color="white", linewidth=3)
+    for y in range(0, L + 1, block_q):
+        ax.axhline(min(y, L), color="white", linewidth=3)
+    for r in range(L):
+        for t, (m, total) in enumerate(running_state(scores[r], block_k)):
+            ax.text(S + 0.4 + 2.0 * t, r + 0.5, f"m={m:.1f}\nℓ={total:.2f}", ha="left", va="center",
+                    fontsize=8, linespacing=1.0)
+    for t in range(n_tiles):
+        ax.text(S + 0.4 + 2.0 * t, -0.3, f"after key\ntile {t + 1}", ha="left", va="bottom", fontsize=8)
+    for qb in range(0, L, block_q):
+        ax.text(-0.3, qb + min(block_q, L - qb) / 2, f"query\nblock {qb // block_q + 1}", ha="right",
+                va="center", fontsize=8)
+    ax.set_xlim(-2.2, S + 0.4 + 2.0 * n_tiles)
+    ax.set_ylim(L + 0.2, -1.6)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.grid(False)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    return fig
