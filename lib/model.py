@@ -166,7 +166,7 @@ class TinyLM(nn.Module):
         self.norm = nn.LayerNorm(d_model, device=device, dtype=dtype)
         self.unembed = nn.Linear(d_model, vocab, bias=False, device=device, dtype=dtype)
 
-    def new_caches(self, batch, capacity):
+    def new_caches(self, capacity):
         """One empty :class:`KVCache` per layer, room for ``capacity`` tokens (the first append sizes it)."""
         return [KVCache(capacity) for _ in self.blocks]
 
@@ -204,7 +204,7 @@ def generate(model, prompt, n_new, *, use_cache=True, temperature=0.0, generator
     if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or temperature < 0:
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
     tokens, steps = prompt, []
-    caches = model.new_caches(prompt.shape[0], prompt.shape[1] + n_new) if use_cache else None
+    caches = model.new_caches(prompt.shape[1] + n_new) if use_cache else None
     new = prompt
     for _ in range(n_new):
         logits = model(new if use_cache else tokens, caches=caches)[:, -1]  # (B, V): the prediction of the next

@@ -131,7 +131,7 @@ def test_generate_with_a_cache_gives_the_logits_of_generating_without(n_kv_heads
 def test_generate_fills_one_cache_per_layer():
     torch.manual_seed(8)
     lm = TinyLM(11, 16, 3, 2).eval()
-    caches = lm.new_caches(1, 10)
+    caches = lm.new_caches(10)
     with torch.no_grad():
         lm(torch.randint(0, 11, (1, 6)), caches=caches)
     assert [len(c) for c in caches] == [6, 6, 6]
