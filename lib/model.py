@@ -24,7 +24,7 @@ from lib.decoding import KVCache
 from lib.modules import TorchMultiHeadAttention, merge_heads, split_heads
 from lib.positions import apply_rope
 
-__all__ = ["CausalSelfAttention", "MLP", "DecoderBlock", "TinyLM", "generate"]
+__all__ = ["MLP", "CausalSelfAttention", "DecoderBlock", "TinyLM", "generate"]
 
 
 def _check_int(name, value, low):

@@ -25,7 +25,7 @@ import numpy as np
 
 from lib.backend import _is_tensor
 
-__all__ = ["rope_frequencies", "apply_rope", "alibi_slopes", "alibi_bias"]
+__all__ = ["alibi_bias", "alibi_slopes", "apply_rope", "rope_frequencies"]
 
 
 def _check_base(base):
