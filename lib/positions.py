@@ -82,8 +82,9 @@ def apply_rope(x, positions=None, *, offset=0, base=10000.0):
     if tensor:
         import torch
 
-        angles = torch.as_tensor(pos[..., :, None] * theta, device=x.device)  # (..., L, E/2), float64
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        angles = pos[..., :, None] * theta  # (..., L, E/2), float64 on the CPU (MPS has no float64)
+        cos = torch.from_numpy(np.cos(angles)).to(x.dtype).to(x.device)
+        sin = torch.from_numpy(np.sin(angles)).to(x.dtype).to(x.device)
         even, odd = x[..., 0::2], x[..., 1::2]  # (..., L, E/2) each: the two coordinates of every pair
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)  # (..., L, E)
     angles = pos[..., :, None] * theta  # (..., L, E/2)
