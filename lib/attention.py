@@ -18,14 +18,15 @@ a key; a floating mask is added to the scores. ``nn.MultiheadAttention``'s ``key
 use the opposite polarity (True = ignore). A query that may attend to nothing gets zero weights and a zero output.
 
 Dtypes are kept: float32 in, float32 out. float16 and bfloat16 compute in float32 and return their own dtype (except
-in :func:`attention` on a CUDA GPU without a mask, which stays in half precision: see :mod:`lib.speed`); integer
-inputs are promoted to the backend's default floating dtype.
+in :func:`attention` on a CUDA GPU without a mask, which multiplies in half precision and softmaxes float32
+scores: see :mod:`lib.speed`); integer inputs are promoted to the backend's default floating dtype.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import warnings
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from lib.backend import (
     _as_float,
     _backend,
     _causal_pattern,
+    _check_causal,
     _check_flag,
     _check_length,
     _compute_dtype,
@@ -111,6 +113,7 @@ def softmax(x, axis=-1):
 def _full_attention(ops, q, k, v, mask, causal, scale, batch, L, S, weights):
     """The whole (..., L, S) matrix of exp(score - row max), and with ``v`` the output (..., L, Ev).
 
+    ``causal`` is None or the offset of the causal diagonal (:func:`lib.backend._check_causal`).
     With ``weights`` the matrix is divided by its row totals, the attention weights, and the output is their
     product with v. Without, the matrix is left undivided and the (..., L, Ev) output is divided instead: the
     same result, L·S divisions cheaper. Returns (matrix, output or None)."""
@@ -120,7 +123,7 @@ def _full_attention(ops, q, k, v, mask, causal, scale, batch, L, S, weights):
     if limit is not None:
         return speed.full_attention_in_chunks(q, k, v, mask, causal, scale, batch, L, S, weights, limit)
     scores = (q * scale) @ k.swapaxes(-1, -2)  # (..., L, S)
-    allowed = _causal_pattern(ops, range(L), range(S), q) if causal else None
+    allowed = None if causal is None else _causal_pattern(ops, range(L), range(S), q, causal)
     e, total = _exp_shifted_(ops, _apply_mask(ops, scores, mask, allowed))
     if weights:
         w = ops.div_(e, total)
@@ -132,12 +135,12 @@ def attention_weights(q, k, mask=None, *, causal=False, scale=None):
     """The attention matrix softmax(q kᵀ · scale), shape (..., L, S); each row sums to 1 (chapter 2).
 
     q (..., L, E), k (..., S, E). ``mask``: boolean, True where a query may attend a key (the opposite of
-    ``nn.MultiheadAttention``), or floating, added to the scores; broadcastable to (..., L, S). ``causal=True``
-    also forbids key j > query i; with a mask, both apply. ``scale`` defaults to 1/sqrt(E). A fully masked row
-    is all zeros.
+    ``nn.MultiheadAttention``), or floating, added to the scores; broadcastable to (..., L, S). ``causal`` as in
+    :func:`attention`: False (the default), True or ``"top-left"``, or ``"bottom-right"``. ``scale`` defaults
+    to 1/sqrt(E). A fully masked row is all zeros.
     """
     ops, q, k, _, mask, scale, out_dtype, batch, L, S = _prepare(q, k, None, mask, scale, need_v=False)
-    _check_flag(causal, "causal")
+    causal = _check_causal(causal, L, S)
     w, _ = _full_attention(ops, q, k, None, mask, causal, scale, batch, L, S, weights=True)
     return ops.astype(w, out_dtype)  # (..., L, S)
 
@@ -147,17 +150,22 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, return_weights=Fa
 
     q (..., L, E), k (..., S, E), v (..., S, Ev); batch dims broadcast. ``mask``: boolean, True where a query
     may attend a key (as in ``torch.nn.functional.scaled_dot_product_attention``; ``nn.MultiheadAttention``
-    uses True = ignore), or floating, added to the scores; broadcastable to (..., L, S). ``causal=True`` lets
-    query i attend keys j <= i (top-left aligned); with a mask, both apply. ``scale`` defaults to 1/sqrt(E).
-    A query with nothing to attend gets a zero output. With ``return_weights=True`` returns (output, weights).
+    uses True = ignore), or floating, added to the scores; broadcastable to (..., L, S). ``causal``: False
+    (the default); True or ``"top-left"``, query i may attend keys j <= i, as ``is_causal=True`` in
+    ``scaled_dot_product_attention``; or ``"bottom-right"``, the L queries are the last L of the S keys' tokens and
+    query i may attend keys j <= i + S - L, as ``torch.nn.attention.bias.causal_lower_right`` (it needs L <= S,
+    else ValueError). The two alignments agree when L == S; with a mask, both apply.
+    ``scale`` defaults to 1/sqrt(E). A query with nothing to attend gets a zero output. With
+    ``return_weights=True`` returns (output, weights).
 
-    float16 and bfloat16 on a CUDA GPU without a mask stay in half precision: the matrix products run on the
-    tensor cores, which accumulate in float32, and the softmax kernel accumulates in float32 (see
-    :func:`lib.speed.half_attention_on_gpu`). Elsewhere half precision is computed in float32.
+    float16 and bfloat16 on a CUDA GPU without a mask keep q, k, v and the weights in half precision: the matrix
+    products run on the tensor cores, the scores are produced and softmaxed in float32, and the weights are
+    rounded to half precision only for the product with v (see :func:`lib.speed.half_attention_on_gpu`).
+    Elsewhere half precision is computed in float32.
     """
     fast = speed.half_attention_on_gpu_applies(q, k, v, mask)
     ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale, keep_half=fast)
-    _check_flag(causal, "causal")
+    causal = _check_causal(causal, L, S)
     _check_flag(return_weights, "return_weights")
     if fast and S:
         out, w = speed.half_attention_on_gpu(q, k, v, causal, scale)
@@ -176,11 +184,12 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, return_weights=Fa
 def attention_loop(q, k, v, mask=None, *, causal=False, scale=None):
     """Attention written token by token, with explicit loops over queries and keys (chapter 1).
 
-    Same arguments, mask polarity (True = may attend) and result as :func:`attention`, computed one dot
-    product and one exponential at a time. It is slow on purpose: the reference a reader can follow line by line.
+    Same arguments, mask polarity (True = may attend), ``causal`` alignments and result as :func:`attention`,
+    computed one dot product and one exponential at a time. It is slow on purpose: the reference a reader can
+    follow line by line.
     """
     ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale)
-    _check_flag(causal, "causal")
+    causal = _check_causal(causal, L, S)
     q = ops.broadcast_to(q, batch + _shape(q)[-2:])
     k = ops.broadcast_to(k, batch + _shape(k)[-2:])
     v = ops.broadcast_to(v, batch + _shape(v)[-2:])
@@ -196,7 +205,7 @@ def attention_loop(q, k, v, mask=None, *, causal=False, scale=None):
                 s = (q[b + (i,)] * k[b + (j,)]).sum() * scale
                 if mask is not None and not mask_is_bool:
                     s = s + mask[b + (i, j)]
-                if (causal and j > i) or (mask_is_bool and not bool(mask[b + (i, j)])):
+                if (causal is not None and j > i + causal) or (mask_is_bool and not bool(mask[b + (i, j)])):
                     s = s - math.inf
                 scores.append(s)
             finite = [float(ops.detach(s)) for s in scores if float(ops.detach(s)) != -math.inf]
@@ -227,6 +236,8 @@ def causal_mask(L, S=None, *, like=None, align="top-left"):
     query is aligned with the last key, so query i may attend keys j <= i + (S - L); this is what L new queries
     need when the first S - L keys come from a cache of earlier tokens. The two agree when L == S. ``S``
     defaults to ``L``. Returns a NumPy array, or a torch tensor on ``like``'s device when ``like`` is a tensor.
+    Bottom-right with L > S leaves the first L - S rows all False, and warns (as ``causal_lower_right`` does); the
+    attention functions refuse ``causal="bottom-right"`` in that case.
     """
     L = _check_length(L, "L")
     S = L if S is None else _check_length(S, "S")
@@ -236,17 +247,27 @@ def causal_mask(L, S=None, *, like=None, align="top-left"):
     like = like if like is not None else np.empty(0)
     if align == "top-left":
         return _causal_pattern(ops, range(L), range(S), like)
+    if L > S:
+        warnings.warn(
+            f"a bottom-right causal mask with L={L} > S={S} leaves the first {L - S} queries with no key to attend",
+            stacklevel=2,
+        )
     rows = ops.arange(L, like)[:, None] + (S - L)  # (L, 1): the key position each query sits at
     return ops.arange(S, like)[None, :] <= rows  # (L, S)
 
 
-def padding_mask(lengths, S):
+def padding_mask(lengths, S, *, heads=False):
     """Boolean (B, 1, S) mask, True on each sequence's first ``lengths[b]`` keys, the real tokens (chapter 5).
 
-    Broadcasts against scores of shape (B, L, S). ``lengths`` is a 1-D sequence of integers, each between 0 and
-    ``S``; a torch tensor gives a torch mask on its device.
+    Broadcasts against scores of shape (B, L, S), and against the modules' (..., L, S), which every head
+    shares. For multi-head scores (B, H, L, S), as :func:`attention` sees them when given split heads, pass
+    ``heads=True``: the mask is then (B, 1, 1, S), SDPA's 4-D layout. Without it, a (B, 1, S) mask would
+    broadcast as (1, B, 1, S) and pair batch b with head b: an error when B != H, a wrong answer when B == H.
+    ``lengths`` is a 1-D sequence of integers, each between 0 and ``S``; a torch tensor gives a torch mask on
+    its device.
     """
     S = _check_length(S, "S")
+    _check_flag(heads, "heads")
     if _is_tensor(lengths):
         ops = _TorchOps(_torch_module())
         if lengths.is_floating_point() or lengths.is_complex() or lengths.dtype == ops.torch.bool:
@@ -264,7 +285,8 @@ def padding_mask(lengths, S):
     if lens.shape[0] and bool((lens > S).any()):
         raise ValueError(f"lengths must be at most S={S}, got {lens.tolist()}")
     positions = ops.arange(S, lens)  # (S,)
-    return (positions[None, :] < lens[:, None])[:, None, :]  # (B, 1, S)
+    mask = (positions[None, :] < lens[:, None])[:, None, :]  # (B, 1, S)
+    return mask[:, None] if heads else mask  # (B, 1, 1, S) or (B, 1, S)
 
 
 def best_device():

@@ -383,11 +383,42 @@ def _is_bool(ops, x):
     return x.dtype == (np.bool_ if ops is _NUMPY else ops.torch.bool)
 
 
-def _causal_pattern(ops, rows, cols, like):
-    """Boolean (len(rows), len(cols)): True where key index j <= query index i (top-left aligned)."""
+def _causal_pattern(ops, rows, cols, like, offset=0):
+    """Boolean (len(rows), len(cols)): True where key index j <= query index i + offset.
+
+    ``offset`` places the diagonal: 0 is top-left alignment, S - L bottom-right (see :func:`_check_causal`)."""
     r = ops.arange(rows.stop, like)[rows.start:]
     c = ops.arange(cols.stop, like)[cols.start:]
-    return c[None, :] <= r[:, None]
+    return c[None, :] <= r[:, None] + offset
+
+
+CAUSAL_CHOICES = "False, True, 'top-left' or 'bottom-right'"
+
+
+def _check_causal(causal, L, S, *, true="top-left"):
+    """The causal alignment as an offset, or None for no causal pattern: query i may attend keys j <= i + offset.
+
+    ``"top-left"`` gives offset 0 (query i is token i of the keys' sequence, as ``is_causal=True`` in
+    ``scaled_dot_product_attention``); ``"bottom-right"`` gives S - L (the L queries are the last L of the S keys'
+    tokens, as ``torch.nn.attention.bias.causal_lower_right``). ``True`` means ``true``: "top-left" for every
+    function of q, k and v. Bottom-right with L > S would leave the first L - S queries with no key, so it raises.
+    """
+    if isinstance(causal, (bool, np.bool_)):
+        if not causal:
+            return None
+        causal = true
+    elif not isinstance(causal, str):
+        raise TypeError(f"causal must be {CAUSAL_CHOICES}, got {type(causal).__name__}")
+    if causal == "top-left":
+        return 0
+    if causal == "bottom-right":
+        if L > S:
+            raise ValueError(
+                f"causal='bottom-right' with L={L} queries and S={S} keys would leave the first {L - S} queries "
+                "with no key to attend: bottom-right alignment needs L <= S (use 'top-left' or a mask)"
+            )
+        return S - L
+    raise ValueError(f"causal must be {CAUSAL_CHOICES}, got {causal!r}")
 
 
 def _exp_shifted_(ops, x, axis=-1):

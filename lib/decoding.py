@@ -8,7 +8,9 @@ sees a later token. A :class:`KVCache` keeps them, so each step projects only th
 The new queries are the LAST l of the S tokens the keys cover, so their causal mask is aligned bottom-right:
 query i may attend keys j <= S - l + i (:func:`lib.attention.causal_mask` with ``align="bottom-right"``,
 ``torch.nn.attention.bias.causal_lower_right``). ``is_causal=True`` aligns top-left instead, which for l < S
-hides keys the new tokens are entitled to see, and raises no error.
+hides keys the new tokens are entitled to see, and raises no error. The library spells the two alignments
+``causal="top-left"`` and ``causal="bottom-right"``; ``causal=True`` is top-left in every function of q, k and v
+(as ``is_causal``), and aligns by position in the modules, which makes it bottom-right when they are given a cache.
 
 Shape vocabulary as in :mod:`lib.modules`: ``...`` batch, ``H`` query heads, ``Hkv`` key/value heads, ``l`` new
 tokens, ``S`` tokens in the cache, ``E`` query/key size, ``Ev`` value size. NumPy arrays or torch tensors.
@@ -32,15 +34,31 @@ class KVCache:
     The storage, ``capacity`` rows of each, is allocated by the first :meth:`append`, with that call's leading
     dimensions, sizes, dtype and device (NumPy or torch); later appends must match them and are written in place.
     ``keys`` and ``values`` are views of the first ``len(cache)`` rows, never copies. One cache serves one
-    attention layer; a model keeps one per layer. Meant for inference: run the model under ``torch.no_grad()``.
+    attention layer; a model keeps one per layer. ``len(cache)`` is also the position of the next token, which
+    rotary position embeddings need. One length serves the whole batch, so every sequence in it must have the same
+    number of tokens: ragged prompts need padding masks, or the paged caches of serving systems.
+
+    ``static=True`` makes a cache for cross-attention: its one append stores the keys and values of a context
+    (an encoder's output, say), ``capacity`` defaults to their length, and it never grows afterwards;
+    :class:`lib.modules.MultiHeadAttention` then reads it at every step instead of projecting the context again.
+
+    Meant for inference: it refuses tensors that require grad, since its in-place writes would break their
+    backward pass. Run the model under ``torch.no_grad()`` or ``torch.inference_mode()``.
     """
 
-    def __init__(self, capacity):
-        if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):
-            raise TypeError(f"capacity must be an integer, got {type(capacity).__name__}")
-        if capacity < 1:
-            raise ValueError(f"capacity must be at least 1 token, got {capacity}")
-        self.capacity = int(capacity)
+    def __init__(self, capacity=None, *, static=False):
+        if not isinstance(static, (bool, np.bool_)):
+            raise TypeError(f"static must be True or False, got {type(static).__name__}")
+        self.static = bool(static)
+        if capacity is None and not self.static:
+            raise TypeError("capacity is required: how many tokens the cache can hold (a static cache sizes itself)")
+        if capacity is not None:
+            if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):
+                raise TypeError(f"capacity must be an integer, got {type(capacity).__name__}")
+            if capacity < 1:
+                raise ValueError(f"capacity must be at least 1 token, got {capacity}")
+            capacity = int(capacity)
+        self.capacity = capacity
         self._k = self._v = None
         self._length = 0
 
@@ -49,7 +67,8 @@ class KVCache:
 
     def __repr__(self):
         shape = "empty" if self._k is None else f"keys {tuple(self.keys.shape)}, values {tuple(self.values.shape)}"
-        return f"KVCache({self._length} of {self.capacity} tokens, {shape})"
+        kind = ", static" if self.static else ""
+        return f"KVCache({self._length} of {self.capacity} tokens, {shape}{kind})"
 
     @property
     def keys(self):
@@ -74,6 +93,12 @@ class KVCache:
         if ops is _NUMPY:
             k, v = np.asarray(k), np.asarray(v)
         for name, t in (("k", k), ("v", v)):
+            if ops is not _NUMPY and t.requires_grad:
+                raise ValueError(
+                    f"{name} requires grad, and a KVCache is for inference: its in-place writes would fail the "
+                    "backward pass. Run the model under torch.no_grad() or torch.inference_mode(), or pass "
+                    f"{name}.detach()"
+                )
             if t.ndim < 2:
                 raise ValueError(f"{name} must have shape (..., l, size), at least 2-D; got shape {tuple(t.shape)}")
         if tuple(k.shape[:-1]) != tuple(v.shape[:-1]):
@@ -81,6 +106,13 @@ class KVCache:
                 f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}: they need the same leading dimensions "
                 "and one value per key"
             )
+        if self.static and self._k is not None:
+            raise ValueError(
+                f"this static cache already holds the keys and values of a context of {self._length} tokens, and "
+                "never grows: build another cache for another context"
+            )
+        if self.capacity is None:
+            self.capacity = k.shape[-2]  # a static cache holds exactly its context
         if self._k is None:
             self._k = _empty_like(k, self.capacity)  # (..., capacity, E)
             self._v = _empty_like(v, self.capacity)  # (..., capacity, Ev)
@@ -145,7 +177,7 @@ def decode_step(q, k, v, cache):
             f"q has {q.shape[-2]} new queries but k brings {k.shape[-2]} new keys: each new token has one of each"
         )
     keys, values = cache.append(k, v)  # (..., Hkv, S, E), (..., Hkv, S, Ev)
-    return modules.grouped_attention(q, keys, values, causal=True)  # (..., H, l, Ev)
+    return modules.grouped_attention(q, keys, values, causal="bottom-right")  # (..., H, l, Ev)
 
 
 def kv_cache_bytes(n_layers, n_kv_heads, d_head, n_tokens, bytes_per_number, batch=1):

@@ -7,7 +7,10 @@ Two pairs of mirrored twins with the same parameter names and the same arithmeti
     MultiHeadAttention        NumPy, h heads (grouped-query with n_kv_heads < n_heads), a KV cache   chapter 9
     TorchMultiHeadAttention   its twin, calling ``torch.nn.functional.scaled_dot_product_attention`` on 4-D inputs
 
-This module imports without torch: the torch classes are built the first time they are asked for.
+The NumPy twins live here, and this module imports without torch. The ``torch.nn`` twins live in :mod:`lib.nn`,
+which imports torch at its top; ``lib.modules.TorchSelfAttention`` and the other torch names
+(``TorchMultiHeadAttention``, ``to_multihead_attention``, ``from_multihead_attention``) still work from here, and
+import :mod:`lib.nn` the first time they are asked for.
 
 Shape vocabulary, as in :mod:`lib.attention`, plus the sizes of the projections and the heads::
 
@@ -24,7 +27,18 @@ Shape vocabulary, as in :mod:`lib.attention`, plus the sizes of the projections 
 Weights are stored as the book writes them, (in, out), so a projection is ``x @ w_q``: the transpose of the
 (out, in) layout of ``torch.nn.Linear`` and of ``nn.MultiheadAttention``'s ``in_proj_weight``.
 Masks follow :mod:`lib.attention`: a boolean mask is True where a query MAY attend a key (the opposite of
-``nn.MultiheadAttention``), a floating mask is added to the scores.
+``nn.MultiheadAttention``), a floating mask is added to the scores. The multi-head functions and modules take a
+mask in one of two layouts: (..., L, S), shared by every head (a (B, 1, S) padding mask of
+:func:`lib.attention.padding_mask` is one), or (..., 1 or H, L, S), one more dimension than that, per head:
+the 4-D (B, 1 or H, L, S) of ``scaled_dot_product_attention`` and Hugging Face, which also carries per-head
+biases such as ALiBi's.
+
+``causal`` takes False (the default), True, ``"top-left"`` or ``"bottom-right"`` everywhere in the library. In
+:func:`grouped_attention`, a function of q, k and v, True means ``"top-left"``, as ``is_causal=True`` in
+``scaled_dot_product_attention``. The modules know where their queries sit, and True aligns them by position:
+each token attends itself and the tokens before it. Without a cache the queries and keys both start at position 0,
+which is top-left; with a :class:`lib.decoding.KVCache` that holds earlier tokens, the L new queries are the
+last L of the S tokens, which is bottom-right. (A static cache holds a context, not earlier tokens: top-left.)
 """
 
 from __future__ import annotations
@@ -35,17 +49,23 @@ import numbers
 import numpy as np
 
 from lib import attention as attn
-from lib.backend import _NUMPY, _backend, _check_mask, _compute_dtype, _is_tensor
+from lib.backend import (
+    _NUMPY,
+    _backend,
+    _causal_pattern,
+    _check_causal,
+    _check_mask,
+    _compute_dtype,
+)
 
-# TorchSelfAttention and TorchMultiHeadAttention are public too, created on first access by __getattr__ below.
+# The torch names (TorchSelfAttention, TorchMultiHeadAttention, to_multihead_attention, from_multihead_attention)
+# are public too; they live in lib.nn and are fetched from there on first access by __getattr__ below.
 __all__ = [
     "MultiHeadAttention",
     "SelfAttention",
-    "from_multihead_attention",
     "grouped_attention",
     "merge_heads",
     "split_heads",
-    "to_multihead_attention",
     "xavier_bound",
 ]
 
@@ -202,28 +222,65 @@ def _check_heads_input(q, k, v):
     return H, L, Hkv, S
 
 
-def _heads_mask(ops, mask, causal, batch, L, S, like):
-    """The mask (..., L, S) every head applies: the caller's, checked, and with ``causal`` the bottom-right pattern."""
+def _heads_mask(ops, mask, causal, batch, H, L, S, like):
+    """The mask the heads apply, (..., 1 or H, L, S), or None: the caller's, checked, and the causal pattern.
+
+    ``mask`` is shared by every head when it has at most len(batch) + 2 dimensions, (..., L, S), and per head
+    when it has one more, (..., 1 or H, L, S). ``causal`` is None or the offset of the causal diagonal
+    (:func:`lib.backend._check_causal`): key j is allowed for query i when j <= i + causal."""
     if mask is not None:
-        mask = _check_mask(ops, mask, tuple(batch) + (L, S), _compute_dtype(ops, like.dtype))
-    if not causal:
+        mask = _check_heads_mask(ops, mask, tuple(batch), H, L, S, like)
+    if causal is None:
         return mask
-    allowed = attn.causal_mask(L, S, like=like, align="bottom-right")  # (L, S)
+    allowed = _causal_pattern(ops, range(L), range(S), like, causal)[None]  # (1, L, S)
     if mask is None:
         return allowed
-    if mask.dtype == allowed.dtype:  # both boolean: a key must pass both
+    if _is_bool_mask(ops, mask):  # both boolean: a key must pass both
         return mask & allowed
     return mask + ops.where(allowed, 0.0, -math.inf)  # a floating mask, with -inf where the future is
 
 
+def _is_bool_mask(ops, mask):
+    return mask.dtype == (np.bool_ if ops is _NUMPY else ops.torch.bool)
+
+
+def _check_heads_mask(ops, mask, batch, H, L, S, like):
+    """A shared (..., L, S) or per-head (..., 1 or H, L, S) mask, checked, returned with a head axis."""
+    if ops is _NUMPY:
+        mask = np.asarray(mask)
+    shared, per_head = batch + (L, S), batch + (H, L, S)
+    per_head_layout = mask.ndim == len(batch) + 3
+    target = per_head if per_head_layout else shared
+    try:
+        fits = mask.ndim <= len(target) and np.broadcast_shapes(tuple(mask.shape), target) == target
+    except ValueError:
+        fits = False
+    if per_head_layout and mask.shape[-3] not in (1, H):
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} fits neither layout the heads take: shared by every head, it must "
+            f"broadcast to (..., L, S) = {shared}; per head, as scaled_dot_product_attention's 4-D masks, to "
+            f"(..., 1 or H, L, S) = {per_head}"
+        )
+    mask = _check_mask(ops, mask, target, _compute_dtype(ops, like.dtype))  # dtype, NaN and +inf checks
+    if per_head_layout:
+        return mask
+    mask = mask.reshape((1,) * max(0, 2 - mask.ndim) + tuple(mask.shape))  # at least (L, S)
+    return mask[..., None, :, :]  # (..., 1, L, S): the same for every head
+
+
 def _grouped(q, k, v, mask, return_weights, dropout=None):
-    """grouped_attention's arithmetic on checked inputs; ``dropout``, if given, acts on the weights."""
+    """grouped_attention's arithmetic on checked inputs; ``mask`` (..., 1 or H, L, S) from :func:`_heads_mask`;
+    ``dropout``, if given, acts on the weights."""
     *batch, H, L, E = q.shape
     Hkv, S, Ev = k.shape[-3], k.shape[-2], v.shape[-1]
     q = q.reshape(*batch, Hkv, H // Hkv, L, E)  # (..., Hkv, g, L, E): the g query heads that share a key head
     k, v = k[..., None, :, :], v[..., None, :, :]  # (..., Hkv, 1, S, E): broadcast over the group, not copied
     if mask is not None:
-        mask = mask.reshape((1,) * max(0, 2 - mask.ndim) + tuple(mask.shape))[..., None, None, :, :]  # (..., 1, 1, L, S)
+        *mb, h, ml, ms = mask.shape
+        groups = (Hkv, H // Hkv) if h == H else (1, 1)
+        mask = mask.reshape(*mb, *groups, ml, ms)  # (..., Hkv or 1, g or 1, L, S)
     if dropout is None:
         out = attn.attention(q, k, v, mask, return_weights=return_weights)  # (..., Hkv, g, L, Ev)
         out, weights = out if return_weights else (out, None)
@@ -243,15 +300,16 @@ def grouped_attention(q, k, v, mask=None, *, causal=False, return_weights=False)
     i // (H / Hkv), as ``scaled_dot_product_attention(..., enable_gqa=True)`` does and as ``repeat_interleave`` of
     the key/value heads would; the shared heads are broadcast, never copied. Hkv = H is plain multi-head
     attention, Hkv = 1 multi-query attention. ``mask``: boolean, True where a query may attend a key (the opposite
-    of ``nn.MultiheadAttention``), or floating, added to the scores; it broadcasts to (..., L, S) and every head
-    applies it. ``causal=True`` aligns the pattern bottom-right: query i is token S - L + i of the sequence and
-    may attend keys j <= S - L + i (the usual causal mask when L = S; what new queries need when the first keys
-    come from a cache). With ``return_weights=True`` returns (output, weights (..., H, L, S)).
+    of ``nn.MultiheadAttention``), or floating, added to the scores; (..., L, S) is shared by every head,
+    (..., 1 or H, L, S) is per head. ``causal``: False (the default); True or ``"top-left"``, query i may attend
+    keys j <= i, as ``is_causal=True``; or ``"bottom-right"``, the L queries are the last L of the S tokens and
+    query i may attend keys j <= S - L + i, what new queries need when the first keys come from a cache (it needs
+    L <= S). With ``return_weights=True`` returns (output, weights (..., H, L, S)).
     """
     ops = _backend({"q": q, "k": k, "v": v, "mask": mask})
     if ops is _NUMPY:
         q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
-    _, L, _, S = _check_heads_input(q, k, v)
+    H, L, _, S = _check_heads_input(q, k, v)
     try:
         batch = np.broadcast_shapes(tuple(q.shape[:-3]), tuple(k.shape[:-3]), tuple(v.shape[:-3]))
     except ValueError:
@@ -259,16 +317,64 @@ def grouped_attention(q, k, v, mask=None, *, causal=False, return_weights=False)
             f"the batch dimensions do not broadcast: q {tuple(q.shape[:-3])}, k {tuple(k.shape[:-3])}, "
             f"v {tuple(v.shape[:-3])}"
         ) from None
-    mask = _heads_mask(ops, mask, causal, batch, L, S, q)
+    mask = _heads_mask(ops, mask, _check_causal(causal, L, S), batch, H, L, S, q)
     return _grouped(q, k, v, mask, return_weights)
 
 
-def _project_heads(module, x, source):
-    """q (..., H, L, d) from x; k and v (..., Hkv, S, d) from source (x itself in self-attention)."""
-    q = split_heads(x @ module.w_q, module.n_heads)  # (..., H, L, d)
+def _project_kv(module, source):
+    """k and v (..., Hkv, S, d) from source: x itself in self-attention, the context in cross-attention."""
     k = split_heads(source @ module.w_k, module.n_kv_heads)  # (..., Hkv, S, d)
     v = split_heads(source @ module.w_v, module.n_kv_heads)  # (..., Hkv, S, d)
-    return q, k, v
+    return k, v
+
+
+def _heads_to_attend(module, x, context, cache, check_context, rotate):
+    """q (..., H, L, d), the k and v (..., Hkv, S, d) a multi-head call attends, and whether q follows cached tokens.
+
+    Self-attention projects x; with a growing :class:`lib.decoding.KVCache` the keys and values are appended to it
+    and all its tokens are attended, so the queries are the last L of them. ``rotate(t, start)``, if given, turns
+    the queries and the new keys before the keys enter the cache, ``start`` being the position of x's first token
+    (the cache's length before this call, else 0). Cross-attention projects ``context``; a cache with it must be
+    static (``KVCache(static=True)``): the first call stores the context's keys and values, and later calls read
+    them without projecting the context again. ``check_context`` validates a context."""
+    q = split_heads(x @ module.w_q, module.n_heads)  # (..., H, L, d)
+    static = cache is not None and cache.static
+    if context is None:
+        if static:
+            raise ValueError(
+                "this KVCache is static: it holds a context's keys and values for cross-attention; pass context= "
+                "too, or use KVCache(capacity) to cache self-attention"
+            )
+        k, v = _project_kv(module, x)  # (..., Hkv, L, d)
+        if rotate is not None:
+            start = 0 if cache is None else len(cache)  # the position of x's first token
+            q, k = rotate(q, start), rotate(k, start)
+        if cache is None:
+            return q, k, v, False
+        k, v = cache.append(k, v)  # (..., Hkv, S, d): every token so far
+        return q, k, v, True
+    if rotate is not None:
+        raise ValueError(
+            "rotate turns queries and keys by their positions in one sequence: it applies to self-attention, "
+            "not to cross-attention with context"
+        )
+    context = check_context(context)
+    if cache is None:
+        return (q, *_project_kv(module, context), False)
+    if not static:
+        raise ValueError(
+            "a KVCache that grows cannot be passed with context: it would store the context's keys and values "
+            "again at every call. For cross-attention pass KVCache(static=True), which stores them once"
+        )
+    if len(cache) == 0:
+        return (q, *cache.append(*_project_kv(module, context)), False)  # (..., Hkv, S, d), projected once
+    held = tuple(cache.keys.shape)
+    if held[:-3] != tuple(context.shape[:-2]) or held[-2] != context.shape[-2]:
+        raise ValueError(
+            f"context has shape {tuple(context.shape)} but the static cache holds the keys of a context with batch "
+            f"dimensions {held[:-3]} and {held[-2]} tokens: one static cache serves one context"
+        )
+    return q, cache.keys, cache.values, False
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -311,7 +417,8 @@ class SelfAttention:
     def __call__(self, x, mask=None, *, causal=False, return_weights=False):
         """Attend: output (..., L, Do), and the weights (..., L, L) too with ``return_weights=True``.
 
-        ``mask`` and ``causal`` are passed to :func:`lib.attention.attention` (boolean True = may attend).
+        ``mask`` and ``causal`` are passed to :func:`lib.attention.attention` (boolean True = may attend;
+        ``causal`` False, True or ``"top-left"``, or ``"bottom-right"``, which agree here since L = S).
         """
         x = np.asarray(x)
         _check_input(x, self.d_model)
@@ -357,288 +464,52 @@ class MultiHeadAttention:
         """How many numbers the module learns."""
         return sum(w.size for w in self.state_dict().values())
 
-    def __call__(self, x, mask=None, *, context=None, causal=False, cache=None, return_weights=False):
+    def __call__(self, x, mask=None, *, context=None, causal=False, cache=None, rotate=None, return_weights=False):
         """Attend: output (..., L, D), and the weights (..., H, L, S) too with ``return_weights=True``.
 
         Self-attention by default; ``context`` (..., S, D), with x's batch dimensions, supplies the keys and values
-        for cross-attention. ``mask`` broadcasts to (..., L, S) and every head applies it (boolean True = may
-        attend). ``causal=True`` is aligned bottom-right (:func:`grouped_attention`). With ``cache``, a
-        :class:`lib.decoding.KVCache`, this call's keys and values are appended to it and the queries attend every
-        key it holds: x is then the next tokens of a sequence whose earlier tokens went through the cache.
+        for cross-attention. ``mask`` (boolean True = may attend, or floating, added) is (..., L, S), shared by
+        every head, or (..., 1 or H, L, S), per head. ``causal``: False (the default), ``"top-left"``,
+        ``"bottom-right"``, or True, which aligns by position: top-left without a cache (query i attends keys
+        j <= i), bottom-right with a cache of earlier tokens (the L new queries are the last L of the S tokens).
+        With ``cache``, a :class:`lib.decoding.KVCache`, this call's keys and values are appended to it and the
+        queries attend every key it holds: x is then the next tokens of a sequence whose earlier tokens went
+        through the cache. With
+        ``context``, ``cache`` must be static (``KVCache(static=True)``): it stores the context's keys and values on
+        the first call and serves them to every later one. ``rotate(t, start)``, for self-attention, turns the
+        queries (..., H, L, d) and the new keys (..., Hkv, L, d), whose first token is at position ``start`` (the
+        cache's length, else 0), before the keys are cached: where rotary position embeddings plug in.
         """
         x = np.asarray(x)
         _check_input(x, self.d_model)
-        source = x if context is None else _check_context(np.asarray(context), x, self.d_model)
-        q, k, v = _project_heads(self, x, source)  # (..., H, L, d), (..., Hkv, S, d), (..., Hkv, S, d)
-        if cache is not None:
-            k, v = cache.append(k, v)  # (..., Hkv, S, d): every token so far
-        out = grouped_attention(q, k, v, mask, causal=causal, return_weights=return_weights)  # (..., H, L, d)
+        check = lambda c: _check_context(np.asarray(c), x, self.d_model)
+        q, k, v, follows_cache = _heads_to_attend(self, x, context, cache, check, rotate)  # q (..., H, L, d)
+        L, S = q.shape[-2], k.shape[-2]
+        causal = _check_causal(causal, L, S, true="bottom-right" if follows_cache else "top-left")
+        mask = _heads_mask(_NUMPY, mask, causal, x.shape[:-2], self.n_heads, L, S, q)
+        out = _grouped(q, k, v, mask, return_weights)  # (..., H, L, d)
         out, weights = out if return_weights else (out, None)
         out = merge_heads(out) @ self.w_o  # (..., L, D)
         return (out, weights) if return_weights else out
 
 
 # --------------------------------------------------------------------------------------------------------------
-# PyTorch, built on first use so that importing this module never imports torch
+# The torch twins live in lib.nn, which imports torch; they are fetched from there when first asked for
 # --------------------------------------------------------------------------------------------------------------
 
-
-def _check_dropout(dropout):
-    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0 <= dropout < 1:
-        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
-    return float(dropout)
-
-
-def _check_torch_input(x, weight, name, numpy_twin):
-    """x must be a tensor on the weights' device and in their dtype; the message says which fix applies."""
-    if not _is_tensor(x):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}; {numpy_twin} takes NumPy")
-    if x.device != weight.device:
-        raise ValueError(f"{name} is on device {x.device} but the module is on {weight.device}: move one of them")
-    if x.dtype != weight.dtype:
-        raise ValueError(f"{name} has dtype {x.dtype} but the module's weights are {weight.dtype}: convert one")
-
-
-def _build_torch_class():
-    import torch
-    from torch import nn
-
-    class TorchSelfAttention(nn.Module):
-        """Single-head self-attention as a ``torch.nn.Module``: x (..., L, D) -> output (..., L, Do) (chapter 6).
-
-        The twin of :class:`SelfAttention`: same arguments, parameter names (w_q, w_k, w_v and, with ``d_out``,
-        w_o), (in, out) layout and Xavier initialisation, drawn from torch's global generator. ``dropout`` is
-        the probability of zeroing each attention weight while the module is training; ``module.eval()``
-        turns it off.
-        """
-
-        def __init__(self, d_model, d_k, d_v=None, d_out=None, *, dropout=0.0, device=None, dtype=None):
-            super().__init__()
-            self.d_model, self.d_k, self.d_v, self.d_out = _check_dims(d_model, d_k, d_v, d_out)
-            self.dropout = _check_dropout(dropout)
-            for name, (fan_in, fan_out) in _shapes(self.d_model, self.d_k, self.d_v, self.d_out).items():
-                w = torch.empty(fan_in, fan_out, device=device, dtype=dtype)
-                a = xavier_bound(fan_in, fan_out)
-                self.register_parameter(name, nn.Parameter(nn.init.uniform_(w, -a, a)))
-            if self.d_out is None:
-                self.register_parameter("w_o", None)
-
-        def extra_repr(self):
-            return _sizes(self)
-
-        def num_parameters(self):
-            """How many numbers the module learns."""
-            return sum(p.numel() for p in self.parameters())
-
-        def forward(self, x, mask=None, *, causal=False, return_weights=False):
-            """Attend: output (..., L, Do), and the weights (..., L, L) too with ``return_weights=True``.
-
-            ``mask`` and ``causal`` are passed to :mod:`lib.attention` (boolean True = may attend). While
-            training with ``dropout > 0`` the weights are dropped out before they mix the values, and the
-            returned weights are the dropped-out ones.
-            """
-            _check_torch_input(x, self.w_q, "x", "SelfAttention")
-            _check_input(x, self.d_model)
-            q, k, v = x @ self.w_q, x @ self.w_k, x @ self.w_v  # (..., L, E), (..., L, E), (..., L, Ev)
-            if self.training and self.dropout > 0:
-                weights = attn.attention_weights(q, k, mask, causal=causal)  # (..., L, L)
-                weights = nn.functional.dropout(weights, self.dropout, training=True)
-                out = weights @ v  # (..., L, Ev)
-            else:
-                out = attn.attention(q, k, v, mask, causal=causal, return_weights=return_weights)  # (..., L, Ev)
-                out, weights = out if return_weights else (out, None)
-            if self.w_o is not None:
-                out = out @ self.w_o  # (..., L, Do)
-            return (out, weights) if return_weights else out
-
-    TorchSelfAttention.__module__ = __name__
-    TorchSelfAttention.__qualname__ = "TorchSelfAttention"
-    return TorchSelfAttention
-
-
-def _build_torch_multihead_class():
-    import torch
-    from torch import nn
-
-    class TorchMultiHeadAttention(nn.Module):
-        """Multi-head attention as a ``torch.nn.Module``: x (..., L, D) -> output (..., L, D) (chapter 9).
-
-        The twin of :class:`MultiHeadAttention`: same arguments, parameter names (w_q, w_k, w_v, w_o), (in, out)
-        layout and Xavier initialisation, drawn from torch's global generator. The heads go to
-        ``torch.nn.functional.scaled_dot_product_attention`` as 4-D (B, H, L, d) tensors, the only shape its fused
-        kernels take, with ``enable_gqa=True`` when n_kv_heads < n_heads. ``dropout`` is the probability of
-        zeroing each attention weight while the module is training; ``module.eval()`` turns it off.
-        """
-
-        def __init__(self, d_model, n_heads, n_kv_heads=None, *, dropout=0.0, device=None, dtype=None):
-            super().__init__()
-            self.d_model, self.n_heads, self.n_kv_heads = _check_heads(d_model, n_heads, n_kv_heads)
-            self.d_head = self.d_model // self.n_heads
-            self.dropout = _check_dropout(dropout)
-            for name, (fan_in, fan_out) in _head_shapes(self.d_model, self.n_heads, self.n_kv_heads).items():
-                w = torch.empty(fan_in, fan_out, device=device, dtype=dtype)
-                a = xavier_bound(fan_in, fan_out)
-                self.register_parameter(name, nn.Parameter(nn.init.uniform_(w, -a, a)))
-
-        def extra_repr(self):
-            return _head_sizes(self)
-
-        def num_parameters(self):
-            """How many numbers the module learns."""
-            return sum(p.numel() for p in self.parameters())
-
-        def forward(self, x, mask=None, *, context=None, causal=False, cache=None, return_weights=False):
-            """Attend: output (..., L, D), and the weights (..., H, L, S) too with ``return_weights=True``.
-
-            Arguments as :meth:`MultiHeadAttention.__call__` (boolean mask True = may attend, ``causal`` aligned
-            bottom-right, ``cache`` a :class:`lib.decoding.KVCache`). Without ``return_weights`` the attention is
-            ``scaled_dot_product_attention``; the weights, which it never returns, come from
-            :func:`grouped_attention`, dropped out while training like the output they mix.
-            """
-            _check_torch_input(x, self.w_q, "x", "MultiHeadAttention")
-            _check_input(x, self.d_model)
-            source = x
-            if context is not None:
-                _check_torch_input(context, self.w_q, "context", "MultiHeadAttention")
-                source = _check_context(context, x, self.d_model)
-            q, k, v = _project_heads(self, x, source)  # (..., H, L, d), (..., Hkv, S, d), (..., Hkv, S, d)
-            if cache is not None:
-                k, v = cache.append(k, v)  # (..., Hkv, S, d): every token so far
-            p = self.dropout if self.training else 0.0
-            if return_weights:
-                drop = None if p == 0 else (lambda w: nn.functional.dropout(w, p, training=True))
-                out, weights = _grouped(q, k, v, self._mask(mask, causal, q, k), True, drop)  # (..., H, L, d)
-            else:
-                out, weights = _sdpa(q, k, v, mask, causal, p), None  # (..., H, L, d)
-            out = merge_heads(out) @ self.w_o  # (..., L, D)
-            return (out, weights) if return_weights else out
-
-        @staticmethod
-        def _mask(mask, causal, q, k):
-            return _heads_mask(_backend({"q": q}), mask, causal, q.shape[:-3], q.shape[-2], k.shape[-2], q)
-
-    def _sdpa(q, k, v, mask, causal, dropout_p):
-        """scaled_dot_product_attention on (B, H, L, d) views of the heads, B the product of the batch dimensions.
-
-        Every fused kernel needs 4-D inputs; given 3-D ones SDPA silently runs its unfused math kernel and builds
-        the whole (L, S) matrix (chapter 7). A causal self-attention without a mask passes ``is_causal=True``, so a
-        fused kernel may skip the masked blocks; anything else passes an explicit mask of our polarity.
-        """
-        *batch, H, L, d = q.shape
-        Hkv, S, dv = k.shape[-3], k.shape[-2], v.shape[-1]
-        B = math.prod(batch)
-        is_causal = causal and mask is None and L == S  # top-left and bottom-right agree when L = S
-        mask = _heads_mask(_backend({"q": q}), mask, causal and not is_causal, tuple(batch), L, S, q)
-        if mask is not None:
-            if mask.ndim <= 2:
-                mask = mask.broadcast_to((L, S)).reshape(1, 1, L, S)
-            else:
-                mask = mask.broadcast_to((*batch, L, S)).reshape(B, 1, L, S)  # a view: broadcast dims have stride 0
-            if mask.is_floating_point():
-                mask = mask.to(q.dtype)  # SDPA adds a floating mask in the queries' dtype
-        gqa = {"enable_gqa": True} if Hkv != H else {}  # torch >= 2.5
-        out = nn.functional.scaled_dot_product_attention(
-            q.reshape(B, H, L, d), k.reshape(B, Hkv, S, d), v.reshape(B, Hkv, S, dv),
-            attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, **gqa,
-        )  # (B, H, L, dv)
-        return out.reshape(*batch, H, L, dv)  # (..., H, L, dv)
-
-    TorchMultiHeadAttention.__module__ = __name__
-    TorchMultiHeadAttention.__qualname__ = "TorchMultiHeadAttention"
-    return TorchMultiHeadAttention
-
-
-_TORCH_CLASSES = {"TorchSelfAttention": _build_torch_class, "TorchMultiHeadAttention": _build_torch_multihead_class}
+_TORCH_NAMES = ("TorchSelfAttention", "TorchMultiHeadAttention", "to_multihead_attention", "from_multihead_attention")
 
 
 def __getattr__(name):
-    if name in _TORCH_CLASSES:
-        cls = _TORCH_CLASSES[name]()
-        globals()[name] = cls
-        return cls
+    if name in _TORCH_NAMES:
+        from lib import nn as torch_room  # imports torch
+
+        value = getattr(torch_room, name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    """The module's names with the torch classes, which exist once asked for (so help() and the API page list them)."""
-    return sorted(set(globals()) | set(_TORCH_CLASSES))
-
-
-def to_multihead_attention(module):
-    """A ``torch.nn.MultiheadAttention`` (batch_first, no biases) computing what ``module`` computes.
-
-    ``module`` is a one-head :class:`SelfAttention` or :class:`TorchSelfAttention` with d_k = d_v = d_model (one
-    head of ``nn.MultiheadAttention`` projects to embed_dim = d_model), or a :class:`MultiHeadAttention` or
-    :class:`TorchMultiHeadAttention` without grouped key/value heads. The packed ``in_proj_weight`` (3D, D) is
-    [w_qᵀ; w_kᵀ; w_vᵀ], rows as outputs, head i owning rows i·d to (i+1)·d - 1 of each block; ``out_proj`` gets
-    w_oᵀ, or the identity when a one-head module has no w_o (then d_out must be d_model too). It keeps the
-    module's dropout probability (0 for the NumPy modules), which acts only while it trains. Call it as
-    ``mha(x, x, x)``; its masks use True = may NOT attend.
-    """
-    import torch
-    from torch import nn
-
-    D = module.d_model
-    n_heads = getattr(module, "n_heads", None)
-    if n_heads is None:
-        for name in ("d_k", "d_v"):
-            if getattr(module, name) != D:
-                raise ValueError(
-                    f"{name}={getattr(module, name)} but d_model={D}: one head of nn.MultiheadAttention projects "
-                    "queries, keys and values to d_model"
-                )
-        if module.d_out not in (None, D):
-            raise ValueError(f"d_out={module.d_out} but d_model={D}: nn.MultiheadAttention's out_proj is D x D")
-        n_heads = 1
-    elif module.n_kv_heads != n_heads:
-        raise ValueError(
-            f"n_kv_heads={module.n_kv_heads} but n_heads={n_heads}: nn.MultiheadAttention has one key/value head "
-            "per query head (no grouped-query attention)"
-        )
-    state = module.state_dict()
-    if isinstance(module, (SelfAttention, MultiHeadAttention)):
-        state = {n: torch.from_numpy(w) for n, w in state.items()}
-    like = state["w_q"]
-    dropout = getattr(module, "dropout", 0.0)  # the NumPy modules have none
-    mha = nn.MultiheadAttention(
-        D, n_heads, dropout=dropout, bias=False, batch_first=True, device=like.device, dtype=like.dtype
-    )
-    w_o = state.get("w_o")
-    with torch.no_grad():
-        mha.in_proj_weight.copy_(torch.cat([state["w_q"].T, state["w_k"].T, state["w_v"].T]))  # (3D, D)
-        mha.out_proj.weight.copy_(torch.eye(D, dtype=like.dtype, device=like.device) if w_o is None else w_o.T)
-    return mha
-
-
-def from_multihead_attention(mha):
-    """A :class:`TorchMultiHeadAttention` holding the weights of ``mha``, a ``torch.nn.MultiheadAttention``.
-
-    The inverse of :func:`to_multihead_attention`: ``in_proj_weight`` (3D, D) is cut into its three (D, D) blocks,
-    each transposed to the (in, out) layout, and ``out_proj.weight`` becomes w_oᵀ. The result has mha's heads,
-    dropout, device and dtype. These modules have no biases, so mha's must be absent or zero (a freshly built
-    ``nn.MultiheadAttention`` starts them at zero); keys and values of their own size (kdim, vdim) and
-    ``add_bias_kv`` or ``add_zero_attn`` are refused. The result reads x as (..., L, D), batch first, whatever
-    ``mha.batch_first`` says. Remember the polarity: our masks are True = may attend.
-    """
-    import torch
-
-    if not isinstance(mha, torch.nn.MultiheadAttention):
-        raise TypeError(f"mha must be a torch.nn.MultiheadAttention, got {type(mha).__name__}")
-    if not mha._qkv_same_embed_dim:
-        raise ValueError(
-            f"mha has kdim={mha.kdim}, vdim={mha.vdim} but embed_dim={mha.embed_dim}: only the packed "
-            "in_proj_weight of kdim = vdim = embed_dim is supported"
-        )
-    if mha.bias_k is not None or mha.add_zero_attn:
-        raise ValueError("mha was built with add_bias_kv or add_zero_attn, which these modules do not have")
-    for name, bias in (("in_proj_bias", mha.in_proj_bias), ("out_proj.bias", mha.out_proj.bias)):
-        if bias is not None and bool((bias.detach() != 0).any()):
-            raise ValueError(f"mha's {name} is not zero, and these modules have no biases: build it with bias=False")
-    w = mha.in_proj_weight.detach()
-    cls = globals().get("TorchMultiHeadAttention") or __getattr__("TorchMultiHeadAttention")  # built once
-    module = cls(mha.embed_dim, mha.num_heads, dropout=mha.dropout, device=w.device, dtype=w.dtype)
-    w_q, w_k, w_v = w.chunk(3)  # each (D, D), rows as outputs
-    with torch.no_grad():
-        for name, value in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("w_o", mha.out_proj.weight.detach())):
-            getattr(module, name).copy_(value.T)  # (in, out)
-    return module
+    """The module's names with the torch ones, which exist once asked for (so help() and the API page list them)."""
+    return sorted(set(globals()) | set(_TORCH_NAMES))

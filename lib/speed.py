@@ -2,8 +2,9 @@
 
 On a CPU, NumPy runs each kernel on one core, so a large NumPy problem is cut into independent pieces (chunks of
 rows, blocks of queries) that a small pool of threads works through; NumPy releases the interpreter lock inside its
-kernels. Each worker keeps BLAS to one thread of its own. On a GPU, half precision stays half precision. This is
-speed machinery, not part of the algorithm: :mod:`lib.attention` and :mod:`lib.tiles` compute the same without it.
+kernels. Each worker keeps BLAS to one thread of its own. On a GPU, half-precision inputs stay in half precision
+for the matrix products, the scores in float32 for the softmax. This is speed machinery, not part of the
+algorithm: :mod:`lib.attention` and :mod:`lib.tiles` compute the same without it.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def full_attention_in_chunks(q, k, v, mask, causal, scale, batch, L, S, weights,
     def run(chunk):
         b, rows = chunk
         s = np.matmul(qs[b + (rows,)], kt[b], out=scores[b + (rows,)])  # (rows, S), a view of scores
-        allowed = _causal_pattern(_NUMPY, rows, range(S), s) if causal else None
+        allowed = None if causal is None else _causal_pattern(_NUMPY, rows, range(S), s, causal)
         e, total = _exp_shifted_(_NUMPY, _apply_mask(_NUMPY, s, None if mb is None else mb[b + (rows,)], allowed))
         if weights:
             np.divide(e, total, out=e)
@@ -85,19 +86,35 @@ def half_attention_on_gpu_applies(q, k, v, mask):
 
 
 def half_attention_on_gpu(q, k, v, causal, scale):
-    """softmax(q kᵀ · scale) v and its weights, the full (..., L, S) matrix kept in the inputs' half precision.
+    """softmax(q kᵀ · scale) v and its weights for half-precision q, k, v: scores in float32, weights in half.
 
-    Upcasting to float32 would double the bytes of the matrix, which is what the full path's time is made of: it is
-    written by the first product, read and written by the softmax, and read by the second product, so its floor is
-    the GPU's memory bandwidth. The products run on the tensor cores and accumulate in float32; the softmax kernel
-    accumulates in float32; the scores and weights are stored rounded to half precision, as the inputs are. The
-    causal pattern is built on the GPU. S must be at least 1, so that every causal row has a key.
+    The scores leave the first product in float32 and stay there through the mask and the softmax, as in the
+    fused kernels, which keep them in float32 registers: rounded to half precision first, a score of 300 would
+    carry an error of up to 0.125, which the softmax turns into a relative error of about 13 % in its weight. The
+    weights are then rounded to half precision for the product with v, which runs on the tensor cores. The
+    first product is ``torch.bmm`` with ``out_dtype=torch.float32`` on the tensor cores where torch offers it
+    (CUDA, no autograd), else a float32 product of upcast q and k. ``causal`` is None or the offset of the causal
+    diagonal (:func:`lib.backend._check_causal`); the pattern is built on the device. S must be at least 1.
     """
     torch = sys.modules["torch"]
-    s = (q * scale) @ k.transpose(-1, -2)  # (..., L, S)
-    if causal:
+    s = _scores_in_float32(torch, q * scale, k)  # (..., L, S), float32
+    if causal is not None:
         L, S = s.shape[-2:]
-        future = torch.ones(L, S, dtype=torch.bool, device=s.device).triu_(1)  # (L, S), True where j > i
+        future = torch.ones(L, S, dtype=torch.bool, device=s.device).triu_(1 + causal)  # (L, S): j > i + causal
         s = s.masked_fill_(future, -math.inf)
-    w = torch.softmax(s, dim=-1)  # (..., L, S)
+    w = torch.softmax(s, dim=-1).to(q.dtype)  # (..., L, S): softmax in float32, stored in half precision
     return w @ v, w  # (..., L, Ev), (..., L, S)
+
+
+def _scores_in_float32(torch, q, k):
+    """q kᵀ (..., L, S) in float32 from half-precision q (..., L, E) and k (..., S, E), never rounded to half."""
+    if q.device.type == "cuda" and not (q.requires_grad or k.requires_grad):
+        batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+        L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
+        q3 = q.expand(*batch, L, E).reshape(-1, L, E)  # (B, L, E), B the product of the batch dimensions
+        k3 = k.expand(*batch, S, E).reshape(-1, S, E)  # (B, S, E)
+        try:
+            return torch.bmm(q3, k3.transpose(1, 2), out_dtype=torch.float32).reshape(*batch, L, S)  # (..., L, S)
+        except (TypeError, RuntimeError, NotImplementedError):  # an older torch without bmm's out_dtype
+            pass
+    return q.float() @ k.float().transpose(-1, -2)  # (..., L, S)

@@ -21,7 +21,7 @@ from lib.backend import (
     _NUMPY,
     _apply_mask,
     _causal_pattern,
-    _check_flag,
+    _check_causal,
     _prepare,
     _shape,
 )
@@ -63,7 +63,7 @@ def _query_block(ops, q, k, v, mask, causal, scale, rows, bk, S):
     kt = k.swapaxes(-1, -2)  # (..., E, S)
     for j0 in range(0, S, bk):
         cols = slice(j0, min(j0 + bk, S))
-        if causal and cols.start > rows.stop - 1:
+        if causal is not None and cols.start > rows.stop - 1 + causal:
             break  # every later key block lies wholly in the future of this query block
         allowed = _tile_causal(ops, causal, rows, cols, qs)
         s = _apply_mask(ops, qs @ kt[..., cols], _tile_mask(mask, rows, cols), allowed)  # (..., bq, bk)
@@ -85,9 +85,11 @@ def _tile_mask(mask, rows, cols):
 
 
 def _tile_causal(ops, causal, rows, cols, like):
-    """The causal pattern of a tile that crosses the diagonal, else None (the tile is wholly allowed)."""
-    if causal and cols.stop - 1 > rows.start:
-        return _causal_pattern(ops, range(rows.start, rows.stop), range(cols.start, cols.stop), like)
+    """The causal pattern of a tile that crosses the diagonal, else None (the tile is wholly allowed).
+
+    ``causal`` is None or the offset of the diagonal: key j is allowed for query i when j <= i + causal."""
+    if causal is not None and cols.stop - 1 > rows.start + causal:
+        return _causal_pattern(ops, range(rows.start, rows.stop), range(cols.start, cols.stop), like, causal)
     return None
 
 
@@ -120,7 +122,7 @@ def _lazy_query_block(q1, kt1, v1, mask, causal, rows, bk, S, scratch):
     q1[..., E:] = -m
     for j0 in range(0, S, bk):
         cols = slice(j0, min(j0 + bk, S))
-        if causal and cols.start > rows.stop - 1:
+        if causal is not None and cols.start > rows.stop - 1 + causal:
             break  # every later key block lies wholly in the future of this query block
         tile = scratch[..., :bq, : cols.stop - cols.start]
         tmask, allowed = _tile_mask(mask, rows, cols), _tile_causal(_NUMPY, causal, rows, cols, q1)
@@ -146,7 +148,8 @@ def _lazy_query_block(q1, kt1, v1, mask, causal, rows, bk, S, scratch):
 def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=DEFAULT_BLOCK):
     """Attention computed in tiles with an online softmax; its forward pass never holds the (..., L, S) matrix.
 
-    Same arguments, mask polarity (True = may attend) and result as :func:`attention`. ``block_size`` is an
+    Same arguments, mask polarity (True = may attend), ``causal`` alignments (True or ``"top-left"``, and
+    ``"bottom-right"``) and result as :func:`attention`. ``block_size`` is an
     int or a pair (query block, key block): memory beyond the inputs and output grows like the tile,
     (..., query block, key block), not like L × S. For each block of queries it walks the key blocks with an
     online softmax: each row's exponentials are taken relative to a shift m, their running sum and their running
@@ -160,7 +163,7 @@ def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=
     L × S; :func:`lib.flash.flash_attention` recomputes the tiles instead (chapter 8).
     """
     ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale)
-    _check_flag(causal, "causal")
+    causal = _check_causal(causal, L, S)
     bq, bk = _check_block(block_size)
     q = ops.broadcast_to(q, batch + _shape(q)[-2:])
     k = ops.broadcast_to(k, batch + _shape(k)[-2:])

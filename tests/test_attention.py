@@ -30,11 +30,19 @@ IMPLEMENTATIONS = {
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def causal_offset(causal, L, S):
+    """Where the causal diagonal lies: key j is allowed for query i when j <= i + offset; None for no pattern."""
+    if causal is False:
+        return None
+    return S - L if causal == "bottom-right" else 0  # True and "top-left" are SDPA's is_causal
+
+
 def combined_mask(mask, causal, L, S):
     """The one attn_mask for SDPA that means `mask` and `causal` together (SDPA is inconsistent with both)."""
-    if not causal:
+    offset = causal_offset(causal, L, S)
+    if offset is None:
         return mask
-    tril = torch.ones(L, S, dtype=torch.bool).tril()
+    tril = torch.ones(L, S, dtype=torch.bool).tril(offset)
     if mask is None:
         return tril
     if mask.dtype == torch.bool:
@@ -84,7 +92,9 @@ def cases(draw, max_batch_dims=2, max_len=6):
             mask = rng.standard_normal(mshape)
             if kind == "float-inf":
                 mask[rng.random(mshape) < 0.4] = -np.inf
-    causal = draw(st.booleans())
+    causal = draw(st.sampled_from([False, True, "top-left", "bottom-right"]))
+    if causal == "bottom-right" and L > S:
+        causal = True  # bottom-right needs L <= S: every query keeps at least one key
     scale = draw(st.sampled_from([None, None, 0.1, 1.0, 2.5]))
     return q, k, v, mask, causal, scale
 
@@ -242,8 +252,9 @@ def test_rows_sum_to_one_or_zero_when_nothing_is_allowed(case):
     allowed = np.ones(w.shape, dtype=bool)
     if mask is not None:
         allowed &= (mask if mask.dtype == bool else mask > -np.inf)
-    if causal:
-        allowed &= np.tril(np.ones(w.shape[-2:], dtype=bool))
+    offset = causal_offset(causal, *w.shape[-2:])
+    if offset is not None:
+        allowed &= np.tril(np.ones(w.shape[-2:], dtype=bool), offset)
     anything = allowed.any(-1)
     np.testing.assert_allclose(sums[anything], 1.0, rtol=1e-12)
     assert (w[~anything] == 0).all()
@@ -458,6 +469,7 @@ def test_causal_mask_is_top_left_tril():
 
 
 @pytest.mark.filterwarnings("ignore:Lower right causal bias")  # L > S leaves early queries no key: our point
+@pytest.mark.filterwarnings("ignore:a bottom-right causal mask with L")
 def test_causal_mask_bottom_right_matches_causal_lower_right():
     from torch.nn.attention.bias import causal_lower_right
 
@@ -534,7 +546,10 @@ BAD_CALLS = [
     ("scale text", lambda f: f(A, A, A, scale="big"), TypeError, ["scale", "str"]),
     ("scale nan", lambda f: f(A, A, A, scale=float("nan")), ValueError, ["scale", "finite"]),
     ("scale bool", lambda f: f(A, A, A, scale=True), TypeError, ["scale", "bool"]),
-    ("causal text", lambda f: f(A, A, A, causal="yes"), TypeError, ["causal"]),
+    ("causal text", lambda f: f(A, A, A, causal="yes"), ValueError, ["causal", "'yes'", "bottom-right"]),
+    ("causal number", lambda f: f(A, A, A, causal=1), TypeError, ["causal", "int"]),
+    ("bottom-right L > S", lambda f: f(np.ones((5, 4)), A, A, causal="bottom-right"), ValueError,
+     ["bottom-right", "L=5", "S=3", "first 2 queries"]),
     ("E=0", lambda f: f(np.ones((2, 0)), np.ones((2, 0)), np.ones((2, 3))), ValueError, ["E=0", "scale"]),
     ("None", lambda f: f(A, None, A), TypeError, ["k", "None"]),
     ("ragged", lambda f: f([[1.0, 2.0], [1.0]], A, A), TypeError, ["q"]),
@@ -609,7 +624,7 @@ def test_half_precision_gpu_path_matches_sdpa(dtype, causal):
     # speed.half_attention_on_gpu is plain torch, so it runs here on CPU tensors exactly as it would on a GPU.
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 3, n, 16, generator=g, dtype=torch.float64) for n in (9, 13, 13))
-    out, w = speed.half_attention_on_gpu(q.to(dtype), k.to(dtype), v.to(dtype), causal, 0.25)
+    out, w = speed.half_attention_on_gpu(q.to(dtype), k.to(dtype), v.to(dtype), 0 if causal else None, 0.25)
     assert out.dtype == w.dtype == dtype and out.shape == (2, 3, 9, 16) and w.shape == (2, 3, 9, 13)
     mask = combined_mask(None, causal, 9, 13)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.25)
@@ -688,3 +703,103 @@ def test_cuda_gradients_match_sdpa(name):
     for a, b in zip(ours, theirs):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, **TOL)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Traps closed: padding masks on split heads, empty bottom-right rows, half-precision scores
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("B, H", [(3, 3), (2, 4)])
+def test_padding_mask_for_split_heads_pairs_each_sequence_with_its_own_lengths(B, H):
+    # B == H is the case where a (B, 1, S) mask silently pairs batch b with head b instead of sequence b.
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    lengths = torch.tensor([5, 2, 4, 1][:B])
+    mask = attn.padding_mask(lengths, 5, heads=True)
+    assert mask.shape == (B, 1, 1, 5)
+    expected = torch.stack([
+        F.scaled_dot_product_attention(q[b], k[b, :, : int(n)], v[b, :, : int(n)]) for b, n in enumerate(lengths)
+    ])  # each sequence alone, its padding cut off
+    for fn in IMPLEMENTATIONS.values():
+        torch.testing.assert_close(fn(q, k, v, mask), expected, **TOL)
+    shared = attn.padding_mask(lengths, 5)
+    assert shared.shape == (B, 1, 5)
+    np.testing.assert_array_equal(attn.padding_mask([2, 0], 3, heads=True), [[[[1, 1, 0]]], [[[0, 0, 0]]]])
+    with pytest.raises(TypeError, match="heads"):
+        attn.padding_mask([1], 2, heads="yes")
+
+
+def test_bottom_right_with_more_queries_than_keys_is_refused_or_warned():
+    q, k = np.ones((5, 2)), np.ones((3, 2))
+    for fn in IMPLEMENTATIONS.values():
+        with pytest.raises(ValueError, match="first 2 queries"):
+            fn(q, k, k, causal="bottom-right")
+        assert fn(q, k, k, causal="top-left").shape == (5, 2)  # top-left: query 0 still sees key 0
+    with pytest.raises(ValueError, match="first 2 queries"):
+        attn.attention_weights(q, k, causal="bottom-right")
+    with pytest.warns(UserWarning, match="first 2 queries with no key"):
+        attn.causal_mask(5, 3, align="bottom-right")
+
+
+def test_true_means_top_left_in_every_function_and_bottom_right_is_causal_lower_right():
+    from torch.nn.attention.bias import causal_lower_right
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, n, 8, generator=g, dtype=torch.float64) for n in (3, 7, 7))
+    top_left = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    bottom_right = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(3, 7))
+    assert not torch.allclose(top_left, bottom_right)
+    for fn in IMPLEMENTATIONS.values():
+        for spelling in (True, "top-left"):
+            torch.testing.assert_close(fn(q, k, v, causal=spelling), top_left, **TOL)
+        torch.testing.assert_close(fn(q, k, v, causal="bottom-right"), bottom_right, **TOL)
+
+
+class _SoftmaxInputs(torch.overrides.TorchFunctionMode):
+    """Records the dtype of every tensor that goes into a softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.softmax, torch.Tensor.softmax, F.softmax):
+            self.dtypes.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_path_keeps_the_scores_in_float32_into_the_softmax(dtype):
+    # The GPU path is plain torch, so on CPU tensors it shows what it computes. Scores near 300 are where half
+    # precision hurts: float16's spacing there is 0.25, so a rounded score is off by up to 0.125 and its weight
+    # by up to 13 %; bfloat16's spacing is 2.
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 8, 32, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 16, 32, generator=g, dtype=torch.float64)
+    q, k = q / q.norm(dim=-1, keepdim=True) * 100, k / k.norm(dim=-1, keepdim=True) * 100  # scores up to 10,000
+    v = torch.randn(2, 16, 4, generator=g, dtype=torch.float64)
+    qh, kh, vh = (t.to(dtype) for t in (q, k, v))
+    with _SoftmaxInputs() as seen:
+        out, w = speed.half_attention_on_gpu(qh, kh, vh, None, 1 / 32)
+    assert seen.dtypes == [torch.float32] and out.dtype == w.dtype == dtype
+    # the reference: the same rounded inputs, everything after them exact
+    expected = F.softmax(qh.double() @ kh.double().transpose(-1, -2) / 32, dim=-1)
+    assert (qh.double() @ kh.double().transpose(-1, -2) / 32).abs().max() > 100
+    torch.testing.assert_close(w.double(), expected, rtol=0, atol=1e-2 if dtype == torch.bfloat16 else 2e-3)
+    _, w_causal = speed.half_attention_on_gpu(qh, kh, vh, 8, 1 / 32)  # offset 8: bottom-right, S - L
+    assert (w_causal.double().tril(8) == w_causal.double()).all() and not (w_causal.double().triu(1) == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_half_path_is_accurate_for_large_scores(dtype):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k = (torch.randn(2, 4, 256, 64, device="cuda", generator=g) for _ in range(2))
+    q, k = q / q.norm(dim=-1, keepdim=True) * 120, k / k.norm(dim=-1, keepdim=True) * 120  # scores up to 1,800
+    v = torch.randn(2, 4, 256, 64, device="cuda", generator=g)
+    qh, kh, vh = (t.to(dtype) for t in (q, k, v))
+    got, w = attn.attention(qh, kh, vh, return_weights=True)
+    expected_w = F.softmax(qh.double() @ kh.double().transpose(-1, -2) / 8, dim=-1)
+    torch.testing.assert_close(w.double(), expected_w, rtol=0, atol=1e-2 if dtype == torch.bfloat16 else 2e-3)
+    torch.testing.assert_close(got.double(), expected_w @ vh.double(), rtol=0, atol=5e-2 if dtype == torch.bfloat16 else 1e-2)

@@ -195,3 +195,62 @@ def test_bad_cache_size_arguments_are_named():
 
 def test_public_names():
     assert decoding.__all__ == ["KVCache", "decode_step", "kv_cache_bytes"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Traps closed: a cache under autograd, a static cache for cross-attention
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_a_cache_refuses_tensors_that_require_grad_before_backward_could_fail():
+    # Before, the cache stored them, and the error came only inside backward(), about an in-place operation.
+    torch.manual_seed(0)
+    layer = TorchMultiHeadAttention(8, 2)
+    x = torch.randn(1, 3, 8)
+    cache = KVCache(3)
+    with pytest.raises(ValueError, match=r"k requires grad, and a KVCache is for inference.*torch.no_grad\(\)"):
+        layer(x[:, :1], causal=True, cache=cache)
+    assert len(cache) == 0
+    with pytest.raises(ValueError, match="v requires grad"):
+        cache.append(torch.zeros(1, 2), torch.zeros(1, 2, requires_grad=True))
+    with torch.no_grad():
+        steps = [layer(x[:, t : t + 1], causal=True, cache=cache) for t in range(3)]
+        torch.testing.assert_close(torch.cat(steps, 1), layer(x, causal=True), **TOL32)
+    with torch.inference_mode():
+        cache2 = KVCache(3)
+        layer(x, causal=True, cache=cache2)
+    assert len(cache2) == 3
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_static_cache_stores_one_context_and_never_grows(backend):
+    k, v = heads(2, 3, 5, 4), heads(2, 3, 5, 6, seed=1)
+    if backend == "torch":
+        k, v = torch.from_numpy(k), torch.from_numpy(v)
+    cache = KVCache(static=True)
+    assert cache.static and cache.capacity is None and "static" in repr(cache)
+    keys, values = cache.append(k, v)
+    assert len(cache) == 5 and cache.capacity == 5 and tuple(keys.shape) == (2, 3, 5, 4)
+    assert tuple(values.shape) == (2, 3, 5, 6)
+    with pytest.raises(ValueError, match="already holds the keys and values of a context of 5 tokens"):
+        cache.append(k, v)
+    with pytest.raises(ValueError, match="already holds"):
+        decode_step(heads(2, 3, 1, 4) if backend == "numpy" else torch.zeros(2, 3, 1, 4), k[..., :1, :],
+                    v[..., :1, :], cache)
+    assert len(cache) == 5
+    with pytest.raises(TypeError, match="capacity is required"):
+        KVCache()
+    with pytest.raises(TypeError, match="static must be True or False"):
+        KVCache(4, static="yes")
+
+
+def test_the_multi_head_module_never_appends_a_context_twice():
+    # The review's case: cross-attention with a cache used to append the encoder's 3 keys at every step.
+    layer = MultiHeadAttention(12, 3, rng=0)
+    x, memory = heads(1, 2, 12), heads(1, 3, 12, seed=2)
+    cache = KVCache(static=True)
+    for t in range(2):
+        layer(x[:, t : t + 1], context=memory, cache=cache)
+    assert len(cache) == 3
+    with pytest.raises(ValueError, match="cannot be passed with context"):
+        layer(x, context=memory, cache=KVCache(6))

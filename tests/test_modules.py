@@ -8,10 +8,12 @@ import sys
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.nn.attention.bias import causal_lower_right
 
 from lib import attention as attn
-from lib import modules
+from lib import decoding, modules
 from lib.modules import (
     MultiHeadAttention,
     SelfAttention,
@@ -395,15 +397,17 @@ def test_grouped_attention_is_attention_on_repeated_kv_heads(backend, n_kv):
             q, k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)), **TOL32)
 
 
-def test_grouped_attention_causal_is_bottom_right():
+def test_grouped_attention_causal_true_is_top_left_as_is_causal_and_bottom_right_is_named():
     rng = np.random.default_rng(4)
     q, k, v = (torch.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in [(1, 2, 3, 4), (1, 2, 8, 4), (1, 2, 8, 4)])
-    expected = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=causal_lower_right(3, 8)
-    )
-    torch.testing.assert_close(grouped_attention(q, k, v, causal=True), expected, **TOL32)
+    bottom_right = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(3, 8))
     top_left = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    assert not torch.allclose(top_left, expected, atol=1e-3)
+    assert not torch.allclose(top_left, bottom_right, atol=1e-3)
+    torch.testing.assert_close(grouped_attention(q, k, v, causal="bottom-right"), bottom_right, **TOL32)
+    for spelling in (True, "top-left"):
+        torch.testing.assert_close(grouped_attention(q, k, v, causal=spelling), top_left, **TOL32)
+    with pytest.raises(ValueError, match="first 5 queries with no key"):
+        grouped_attention(k, q, q, causal="bottom-right")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -641,8 +645,10 @@ def test_bad_multihead_inputs_are_named(backend):
         mod(x, context=arr(tokens(3, 7, 12)))
     with pytest.raises(TypeError, match="mask has dtype .*int.*integer masks are ambiguous"):
         mod(x, arr(np.ones((5, 5), dtype=np.int64)))
-    with pytest.raises(ValueError, match=r"mask of shape \(5, 4\) does not broadcast"):
+    with pytest.raises(ValueError, match=r"mask of shape \(5, 4\) fits neither .* \(..., L, S\) = \(2, 5, 5\)"):
         mod(x, arr(np.ones((5, 4), dtype=bool)))
+    with pytest.raises(ValueError, match=r"\(..., 1 or H, L, S\) = \(2, 3, 5, 5\)"):
+        mod(x, arr(np.ones((2, 2, 5, 5), dtype=bool)))  # two heads' masks for three heads
 
 
 def test_bad_multihead_conversions_are_named():
@@ -673,3 +679,263 @@ def test_bad_grouped_attention_inputs_are_named():
         split_heads(np.zeros((2, 5, 12)), 5)
     with pytest.raises(ValueError, match="at least 3-D"):
         merge_heads(np.zeros((5, 12)))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# One meaning per spelling of causal; cross-attention with a cache; SDPA's 4-D masks
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def heads_reference(mod, x, source, attn_mask):
+    """The module's output by SDPA in float64 on repeated key/value heads, with one (..., H or 1, L, S) mask."""
+    w = {n: p.detach().double() for n, p in mod.state_dict().items()}
+    q = split_heads(x.double() @ w["w_q"], mod.n_heads)
+    k = split_heads(source.double() @ w["w_k"], mod.n_kv_heads).repeat_interleave(mod.n_heads // mod.n_kv_heads, -3)
+    v = split_heads(source.double() @ w["w_v"], mod.n_kv_heads).repeat_interleave(mod.n_heads // mod.n_kv_heads, -3)
+    if attn_mask is not None and attn_mask.is_floating_point():
+        attn_mask = attn_mask.double()
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    return (merge_heads(out) @ w["w_o"]).float()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_module_causal_true_aligns_by_position(backend):
+    # Without a cache the queries and keys both start at position 0 (top-left, SDPA's is_causal); after a cache
+    # the L new queries are the last L tokens (bottom-right); the strings say either alignment outright.
+    np_mod, torch_mod = mh_twins(12, 3, 1)
+    x, ctx = torch.from_numpy(tokens(2, 6, 12)), torch.from_numpy(tokens(2, 4, 12, seed=2))
+    mod = torch_mod if backend == "torch" else (lambda a, *r, **kw: torch.from_numpy(np_mod(a.numpy(), *r, **kw)))
+    top_left = heads_reference(torch_mod, x[:, :3], ctx, attn.causal_mask(3, 4, like=x))
+    bottom_right = heads_reference(torch_mod, x[:, :3], ctx, attn.causal_mask(3, 4, like=x, align="bottom-right"))
+    for spelling in (True, "top-left"):
+        torch.testing.assert_close(mod(x[:, :3], context=ctx if backend == "torch" else ctx.numpy(), causal=spelling),
+                                   top_left, **TOL32)
+    torch.testing.assert_close(
+        mod(x[:, :3], context=ctx if backend == "torch" else ctx.numpy(), causal="bottom-right"), bottom_right, **TOL32
+    )
+    with pytest.raises(ValueError, match="first 2 queries with no key"):  # 6 queries on 4 keys: rows 0-1 empty
+        mod(x, context=ctx if backend == "torch" else ctx.numpy(), causal="bottom-right")
+    whole = heads_reference(torch_mod, x, x, attn.causal_mask(6, like=x))
+    cache = decoding.KVCache(6)
+    with torch.no_grad():
+        mod(x[:, :2], causal=True, cache=cache)
+        chunk = mod(x[:, 2:5], causal=True, cache=cache)  # 3 new queries on 5 keys: bottom-right
+    torch.testing.assert_close(chunk, whole[:, 2:5], **TOL32)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_cross_attention_with_a_static_cache_projects_the_context_once(backend, monkeypatch):
+    np_mod, torch_mod = mh_twins(12, 3)
+    x, ctx = tokens(2, 4, 12), tokens(2, 3, 12, seed=2)
+    mod = np_mod
+    if backend == "torch":
+        mod, x, ctx = torch_mod, torch.from_numpy(x), torch.from_numpy(ctx)
+    with torch.no_grad():
+        expected = mod(x, context=ctx)
+    projected = []
+    original = modules._project_kv
+    monkeypatch.setattr(modules, "_project_kv", lambda m, s: projected.append(tuple(s.shape)) or original(m, s))
+    cache = decoding.KVCache(static=True)
+    with torch.no_grad():
+        steps = [mod(x[:, t : t + 1], context=ctx, cache=cache) for t in range(4)]
+    assert projected == [(2, 3, 12)] and len(cache) == 3 and cache.capacity == 3  # 3 keys after 4 steps, not 12
+    joined = np.concatenate(steps, 1) if backend == "numpy" else torch.cat(steps, 1)
+    np.testing.assert_allclose(np.asarray(joined), np.asarray(expected), **TOL32)
+    with pytest.raises(ValueError, match="cannot be passed with context.*KVCache\\(static=True\\)"):
+        mod(x, context=ctx, cache=decoding.KVCache(8))
+    with pytest.raises(ValueError, match="this KVCache is static.*pass context="):
+        mod(x, cache=cache)
+    with pytest.raises(ValueError, match="one static cache serves one context"):
+        mod(x, context=ctx[:, :2], cache=cache)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("n_kv", [3, 1])
+def test_modules_take_sdpa_4d_masks_per_head_and_float_biases(backend, n_kv):
+    np_mod, torch_mod = mh_twins(12, 3, n_kv)
+    x = torch.from_numpy(tokens(2, 5, 12))
+    g = torch.Generator().manual_seed(0)
+    pad = attn.padding_mask(torch.tensor([5, 3]), 5)  # (B, 1, S), shared by every head
+    per_head = torch.rand(2, 3, 5, 5, generator=g) < 0.7  # (B, H, L, S)
+    per_head[..., 0] = True
+    slopes = torch.tensor([0.5, 0.25, 0.125])[:, None, None]  # ALiBi-like: a distance penalty per head
+    distance = (torch.arange(5)[:, None] - torch.arange(5)[None, :]).abs()
+    alibi = (-slopes * distance).expand(2, 3, 5, 5)  # (B, H, L, S), float
+    cases = [
+        (pad, pad[:, None]),  # (B, 1, S) shared is (B, 1, 1, S) per head
+        (attn.padding_mask(torch.tensor([5, 3]), 5, heads=True), pad[:, None]),
+        (pad[:, None].expand(2, 1, 5, 5), pad[:, None]),  # (B, 1, L, S)
+        (per_head, per_head),
+        (alibi, alibi),
+    ]
+    for mask, reference_mask in cases:
+        expected = heads_reference(torch_mod, x, x, reference_mask)
+        if backend == "torch":
+            got, weights = torch_mod(x, mask), torch_mod(x, mask, return_weights=True)[0]
+            torch.testing.assert_close(weights, expected, **TOL32)
+        else:
+            got = torch.from_numpy(np_mod(x.numpy(), mask.numpy()))
+        torch.testing.assert_close(got, expected, **TOL32)
+    with_causal = heads_reference(torch_mod, x, x, per_head & attn.causal_mask(5, like=x))
+    got = torch_mod(x, per_head, causal=True) if backend == "torch" else torch.from_numpy(
+        np_mod(x.numpy(), per_head.numpy(), causal=True))
+    torch.testing.assert_close(got, with_causal, **TOL32)
+
+
+class _SDPASpy:
+    """Records the key heads and keywords lib.nn hands to every scaled_dot_product_attention call."""
+
+    def __init__(self, monkeypatch):
+        import lib.nn
+
+        self.calls, original = [], lib.nn.sdpa_arguments
+
+        def spy(*args):
+            q, k, v, keywords = original(*args)
+            self.calls.append({"k_heads": k.shape[1], **keywords})
+            return q, k, v, keywords
+
+        monkeypatch.setattr(lib.nn, "sdpa_arguments", spy)
+
+
+def test_torch_module_passes_the_cheapest_form_of_the_causal_pattern(monkeypatch):
+    from torch.nn.attention.bias import CausalBias
+
+    spy = _SDPASpy(monkeypatch)
+    _, mod = mh_twins(16, 4, 2)
+    x = torch.randn(2, 7, 16)
+    cache = decoding.KVCache(7)
+    with torch.no_grad():
+        mod(x[:, :3], causal=True, cache=cache)  # prefill: L = S, is_causal
+        mod(x[:, 3:5], causal=True, cache=cache)  # a chunk of 2 after 3 cached: causal_lower_right
+        mod(x[:, 5:6], causal=True, cache=cache)  # one token: every key is allowed, no mask
+        mod(x, attn.padding_mask(torch.tensor([7, 4]), 7), causal=True)  # a dense mask: heads repeated, no GQA
+    prefill, chunk, step, padded = spy.calls
+    assert prefill.get("is_causal") and prefill.get("attn_mask") is None and prefill.get("enable_gqa")
+    assert isinstance(chunk.get("attn_mask"), CausalBias) and not chunk.get("is_causal") and chunk.get("enable_gqa")
+    assert step.get("attn_mask") is None and not step.get("is_causal") and step.get("enable_gqa")
+    assert padded["attn_mask"].shape == (2, 1, 7, 7) and not padded.get("enable_gqa") and padded["k_heads"] == 4
+
+
+@pytest.mark.parametrize("n_kv", [4, 2])
+def test_decode_chunks_and_masked_gqa_run_the_fused_cpu_kernel(n_kv):
+    # Every fused kernel needs 4-D inputs (FIELD_NOTES); on CPU (torch 2.13) its flash kernel also takes masks and GQA.
+    _, mod = mh_twins(16, 4, n_kv)
+    x = torch.randn(2, 9, 16)
+    fused = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    cache = decoding.KVCache(9)
+    with torch.no_grad():
+        mod(x[:, :4], causal=True, cache=cache)
+        for name, call in [
+            ("chunk after a cache", lambda: mod(x[:, 4:7], causal=True, cache=cache)),
+            ("one-token decode step", lambda: mod(x[:, 7:8], causal=True, cache=cache)),
+            ("padding mask", lambda: mod(x, attn.padding_mask(torch.tensor([9, 5]), 9), causal=True)),
+            ("per-head mask", lambda: mod(x, torch.ones(2, 4, 9, 9, dtype=torch.bool))),
+        ]:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                call()
+            ran = {e.name for e in prof.events()}
+            assert fused in ran and not any("_math" in op for op in ran), (name, ran)
+            if name == "one-token decode step":  # no mask is built: every cached key is allowed
+                assert not ran & {"aten::arange", "aten::le", "aten::ones", "aten::tril", "aten::where"}, ran
+
+
+def _rope(t, start):
+    """Rotary position embeddings on (..., heads, l, d): pairs of columns turned by position · frequency."""
+    d = t.shape[-1]
+    positions = torch.arange(start, start + t.shape[-2], dtype=t.dtype)[:, None]  # (l, 1)
+    angles = positions / 10000 ** (torch.arange(0, d, 2, dtype=t.dtype) / d)  # (l, d/2)
+    cos, sin = angles.cos(), angles.sin()
+    even, odd = t[..., 0::2], t[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_rotate_turns_queries_and_keys_by_position_before_they_are_cached(backend):
+    np_mod, torch_mod = mh_twins(12, 3, 1)
+    x = torch.from_numpy(tokens(2, 6, 12))
+    if backend == "torch":
+        mod, rotate = torch_mod, _rope
+    else:
+        def mod(a, **kw):
+            return torch.from_numpy(np_mod(a.numpy(), **kw))
+
+        def rotate(t, start):
+            return _rope(torch.from_numpy(t), start).numpy()
+
+    with torch.no_grad():
+        whole = mod(x, causal=True, rotate=rotate)
+        cache = decoding.KVCache(6)
+        steps = [mod(x[:, :3], causal=True, cache=cache, rotate=rotate)]
+        steps += [mod(x[:, t : t + 1], causal=True, cache=cache, rotate=rotate) for t in range(3, 6)]
+    torch.testing.assert_close(torch.cat(steps, 1), whole, **TOL32)
+    assert not torch.allclose(whole, mod(x, causal=True), atol=1e-3)  # the rotation did something
+    seen = []
+    with torch.no_grad():
+        later = decoding.KVCache(4)
+        mod(x[:, :2], causal=True, cache=later)
+        mod(x[:, 2:4], causal=True, cache=later, rotate=lambda t, start: seen.append(start) or t)
+    assert seen == [2, 2]  # queries, then keys, of the tokens at positions 2 and 3
+    with pytest.raises(ValueError, match="rotate .* not to cross-attention"):
+        mod(x, context=x if backend == "torch" else x.numpy(), rotate=rotate)
+
+
+@settings(max_examples=60)
+@given(
+    st.sampled_from([(4, 4), (4, 2), (4, 1), (2, 2)]),
+    st.integers(1, 2), st.integers(0, 4), st.integers(1, 4),
+    st.sampled_from([False, True, "top-left", "bottom-right"]),
+    st.sampled_from(["none", "shared", "per-head", "one-head", "float"]),
+    st.integers(0, 2**16),
+)
+def test_sdpa_path_equals_the_grouped_arithmetic_for_any_cache_mask_and_alignment(heads, B, cached, L, causal, kind, seed):
+    # The torch module's fast path (SDPA with no mask, is_causal, causal_lower_right or a dense mask, GQA or
+    # repeated heads) against its NumPy twin, which always builds the whole mask: equal for every combination.
+    H, Hkv = heads
+    np_mod, torch_mod = mh_twins(8, H, Hkv, seed=seed % 7)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((B, cached + L, 8)).astype(np.float32)
+    S = cached + L
+    mask = None
+    if kind == "shared":
+        mask = rng.random((B, L, S)) < 0.7
+    elif kind == "per-head":
+        mask = rng.random((B, H, L, S)) < 0.7
+    elif kind == "one-head":
+        mask = rng.random((B, 1, 1, S)) < 0.7
+    elif kind == "float":
+        mask = (rng.standard_normal((B, H, L, S)) * 2).astype(np.float32)
+    np_cache, t_cache = decoding.KVCache(S), decoding.KVCache(S)
+    with torch.no_grad():
+        if cached:
+            np_mod(x[:, :cached], causal=True, cache=np_cache)
+            torch_mod(torch.from_numpy(x[:, :cached]), causal=True, cache=t_cache)
+        expected = np_mod(x[:, cached:], mask, causal=causal, cache=np_cache)
+        tx, tm = torch.from_numpy(x[:, cached:]), None if mask is None else torch.from_numpy(mask)
+        got = torch_mod(tx, tm, causal=causal, cache=t_cache)
+        t_cache._length = cached  # the same step again, through the weights path
+        got_w, _ = torch_mod(tx, tm, causal=causal, cache=t_cache, return_weights=True)
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got_w.numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_kv", [8, 2])
+def test_decode_chunks_and_masked_gqa_stay_off_the_math_kernel_on_cuda(n_kv):
+    # The cases chapter 9 teaches; before, a dense mask (with enable_gqa under GQA) sent them to the math kernel.
+    torch.manual_seed(0)
+    mod = TorchMultiHeadAttention(512, 8, n_kv, device="cuda", dtype=torch.float16).eval()
+    x = torch.randn(2, 256, 512, device="cuda", dtype=torch.float16)
+    cache = decoding.KVCache(256)
+    with torch.no_grad():
+        mod(x[:, :128], causal=True, cache=cache)
+        for name, call in [
+            ("chunk after a cache", lambda: mod(x[:, 128:192], causal=True, cache=cache)),
+            ("one-token decode step", lambda: mod(x[:, 192:193], causal=True, cache=cache)),
+            ("padding mask", lambda: mod(x, attn.padding_mask(torch.tensor([256, 100], device="cuda"), 256))),
+        ]:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                call()
+            ran = {e.name for e in prof.events() if e.name.startswith("aten::") and "attention" in e.name}
+            fused = {op for op in ran if "flash" in op or "efficient" in op or "cudnn" in op}
+            assert fused and not any("math" in op for op in ran), (name, ran)
