@@ -1,6 +1,6 @@
 """A decoder you can run: rotary attention, a pre-norm residual block, a tiny language model, and ``generate``.
 
-Chapter 9 builds these from the library's parts: the heads of :class:`lib.modules.TorchMultiHeadAttention`, the
+Chapter 9 builds these from the library's parts: the heads of :class:`lib.nn.TorchMultiHeadAttention`, the
 rotary positions of :mod:`lib.positions`, and one :class:`lib.decoding.KVCache` per layer. Everything is causal
 (a decoder), so a new token's keys and values never change once computed and decoding with a cache gives the same
 logits as running the whole sequence again; :func:`generate` does either, and the tests check that they agree.
@@ -17,11 +17,11 @@ import numbers
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from lib import attention as attn
 from lib.decoding import KVCache
-from lib.modules import TorchMultiHeadAttention, merge_heads, split_heads
+from lib.modules import merge_heads, split_heads
+from lib.nn import TorchMultiHeadAttention
 from lib.positions import apply_rope
 
 __all__ = ["MLP", "CausalSelfAttention", "DecoderBlock", "TinyLM", "generate"]
@@ -36,11 +36,12 @@ def _check_int(name, value, low):
 class CausalSelfAttention(TorchMultiHeadAttention):
     """Causal multi-head self-attention with RoPE on queries and keys: x (B, L, D) -> (B, L, D) (chapter 9).
 
-    The parameters, initialisation and head split are those of :class:`TorchMultiHeadAttention`. Queries and keys
-    are rotated by their positions (``rope=True``) before the keys enter the cache, so a cached key keeps the
-    rotation of the position it was computed at; with a cache the new tokens' positions start at ``len(cache)``.
-    The new queries are the last L of the S tokens, so the causal mask is aligned bottom-right: none for one new
-    token (it may see every key), ``is_causal`` when L = S, ``causal_lower_right(L, S)`` otherwise.
+    :class:`lib.nn.TorchMultiHeadAttention` with ``causal=True`` and, with ``rope=True``, a ``rotate`` hook that
+    turns queries and keys by their positions before the keys enter the cache (:func:`lib.positions.apply_rope`),
+    so a cached key keeps the rotation of the position it was computed at; with a cache the new tokens' positions
+    start at ``len(cache)``. The new queries are the last L of the S tokens, aligned bottom-right; the module's
+    SDPA call passes no mask for one new token, ``is_causal`` when L = S and ``causal_lower_right(L, S)``
+    otherwise (:func:`lib.nn.sdpa_arguments`).
 
     ``ablated`` is a set of head indices whose output is replaced by its mean over the batch and positions before
     W_O (mean ablation): what the model does without what that head computes for each token.
@@ -56,54 +57,40 @@ class CausalSelfAttention(TorchMultiHeadAttention):
     def extra_repr(self):
         return super().extra_repr() + f", rope={self.rope}"
 
+    def _rotate(self, t, start):
+        return apply_rope(t, offset=start, base=self.base)  # start: the position of the first new token
+
     def forward(self, x, *, cache=None, return_weights=False):
         """Output (B, L, D), and the weights (B, H, L, S) too with ``return_weights=True``."""
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must be a tensor of shape (B, L, {self.d_model}), got {shape}")
-        offset = 0 if cache is None else len(cache)
+        rotate = self._rotate if self.rope else None
+        if not self.ablated:
+            return super().forward(x, causal=True, cache=cache, rotate=rotate, return_weights=return_weights)
+        return self._ablated(x, cache, rotate, return_weights)
+
+    def _ablated(self, x, cache, rotate, return_weights):
+        """The same attention computed head by head, with the ablated heads' outputs replaced by their means."""
         q = split_heads(x @ self.w_q, self.n_heads)  # (B, H, L, d)
         k = split_heads(x @ self.w_k, self.n_kv_heads)  # (B, Hkv, L, d)
         v = split_heads(x @ self.w_v, self.n_kv_heads)  # (B, Hkv, L, d)
-        if self.rope:  # before the cache: a key is rotated once, at its own position
-            q = apply_rope(q, offset=offset, base=self.base)
-            k = apply_rope(k, offset=offset, base=self.base)
+        if rotate is not None:  # before the cache, as the module's own path does
+            start = 0 if cache is None else len(cache)
+            q, k = rotate(q, start), rotate(k, start)
         if cache is not None:
             k, v = cache.append(k, v)  # (B, Hkv, S, d): every token so far
         L, S = q.shape[-2], k.shape[-2]
         group = self.n_heads // self.n_kv_heads
-        weights = None
-        if return_weights:
-            k_all, v_all = (t.repeat_interleave(group, dim=-3) for t in (k, v))  # (B, H, S, d)
-            scores = q @ k_all.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, L, S)
-            allowed = attn.causal_mask(L, S, like=scores, align="bottom-right")  # (L, S)
-            scores = scores.masked_fill(~allowed, -math.inf)
-            weights = scores.softmax(dim=-1)
-            out = weights @ v_all  # (B, H, L, d)
-        else:
-            out = _causal_sdpa(q, k, v, group)  # (B, H, L, d)
-        if self.ablated:
-            out = out.clone()
-            for h in self.ablated:
-                out[:, h] = out[:, h].mean(dim=(0, 1), keepdim=True)  # the head's average output, whatever the token
+        k_all, v_all = (t.repeat_interleave(group, dim=-3) for t in (k, v))  # (B, H, S, d)
+        scores = q @ k_all.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, L, S)
+        allowed = attn.causal_mask(L, S, like=scores, align="bottom-right")  # (L, S)
+        weights = scores.masked_fill(~allowed, -math.inf).softmax(dim=-1)
+        out = (weights @ v_all).clone()  # (B, H, L, d)
+        for h in self.ablated:
+            out[:, h] = out[:, h].mean(dim=(0, 1), keepdim=True)  # the head's average output, whatever the token
         out = merge_heads(out) @ self.w_o  # (B, L, D)
         return (out, weights) if return_weights else out
-
-
-def _causal_sdpa(q, k, v, group):
-    """SDPA for L new queries on S keys, bottom-right, picking the call that lets a fused kernel run."""
-    L, S = q.shape[-2], k.shape[-2]
-    if L == 1:
-        mask, is_causal = None, False  # one new token may see every key: no mask at all
-    elif L == S:
-        mask, is_causal = None, True  # top-left and bottom-right agree
-    else:
-        mask, is_causal = causal_lower_right(L, S), False  # dispatched natively, never a dense (L, S) tensor
-    if group > 1 and mask is not None:  # GQA with a mask: repeat the heads, since a mask with enable_gqa may
-        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)  # fall to the math kernel
-        group = 1
-    extra = {"enable_gqa": True} if group > 1 else {}
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, **extra)
 
 
 class MLP(nn.Module):

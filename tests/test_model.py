@@ -173,3 +173,20 @@ def test_model_trains_deterministically():
 
     (a, pa), (b, pb) = run(), run()
     assert a == b and all(torch.equal(x, y) for x, y in zip(pa, pb))
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_head_by_head_path_equals_the_module_path(n_kv_heads):
+    torch.manual_seed(10)
+    layer = CausalSelfAttention(16, 4, n_kv_heads).eval()
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        for chunks in ([6], [4, 1, 1], [1] * 6):
+            fused_cache, plain_cache, start = KVCache(6), KVCache(6), 0
+            for size in chunks:
+                part = x[:, start : start + size]
+                fused = layer(part, cache=fused_cache)  # lib.nn's SDPA call with the rotate hook
+                plain, _ = layer._ablated(part, plain_cache, layer._rotate, True)  # nothing ablated
+                torch.testing.assert_close(plain, fused, **TOL)
+                start += size
+            torch.testing.assert_close(plain_cache.keys, fused_cache.keys)
