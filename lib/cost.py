@@ -7,6 +7,7 @@ so every figure they give is a prediction, and the chapters say so where they pr
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 
@@ -192,3 +193,217 @@ def predicted_sdpa_tflops(gpu: GPU, d: int, n: int = 4096) -> tuple[float, float
     softmax's two units overlapping each other. A kernel that overlaps products with softmax can pass the second."""
     ledger = score_ledger(gpu, d, n)
     return ledger.tflops("serial"), ledger.tflops("softmax")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapters 7 and 9: counting attention, a transformer's forward pass, and the decode step on the roofline
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _count(name, n, low=1):
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {n!r}")
+    return int(n)
+
+
+def attended_pairs(L, S=None, *, causal=False):
+    """How many (query, key) pairs are scored: L·S, or with ``causal`` those a bottom-right mask keeps (chapter 7).
+
+    Query i is token S - L + i and sees keys j <= S - L + i, so the causal count is L·(S - L) + L(L + 1)/2: with
+    L = S, n(n + 1)/2, about half of n². A kernel that skips the masked tiles does about this much work.
+    """
+    L = _count("L", L)
+    S = L if S is None else _count("S", S)
+    if not causal:
+        return L * S
+    if L > S:
+        raise ValueError(f"L={L} queries after S={S} keys: a bottom-right causal mask needs L <= S")
+    return L * (S - L) + L * (L + 1) // 2
+
+
+def attention_flops(L, S=None, E=64, Ev=None, *, heads=1, batch=1, causal=False):
+    """FLOPs of attention's two matrix products, Q Kᵀ and weights·V: 2·pairs·(E + Ev) per head (chapter 7).
+
+    A multiply-add counts 2 FLOPs; the softmax (a few operations per score) is left out, as ``FlopCounterMode``
+    and the FlashAttention papers leave it out. With L = S = n and E = Ev = d, this is 4 n² d per head.
+    """
+    E = _count("E", E)
+    Ev = E if Ev is None else _count("Ev", Ev)
+    pairs = attended_pairs(L, S, causal=causal)
+    return 2 * pairs * (E + Ev) * _count("heads", heads) * _count("batch", batch)
+
+
+def attention_bytes(L, S=None, E=64, Ev=None, *, heads=1, kv_heads=None, batch=1, bytes_per_number=2,
+                    scores=False):
+    """Bytes attention moves to and from GPU memory: q, k, v read and the output written once (chapter 7).
+
+    That is what a fused kernel moves (FlashAttention keeps the scores on chip). ``scores=True`` adds what an
+    unfused implementation moves besides: the L×S scores written, read by the softmax, the weights written and read
+    again by the product with V, 4·L·S numbers per head. Keys and values are counted once per key/value head.
+    """
+    L = _count("L", L)
+    S = L if S is None else _count("S", S)
+    E = _count("E", E)
+    Ev = E if Ev is None else _count("Ev", Ev)
+    heads = _count("heads", heads)
+    kv_heads = heads if kv_heads is None else _count("kv_heads", kv_heads)
+    numbers_moved = heads * (L * E + L * Ev) + kv_heads * S * (E + Ev)
+    if scores:
+        numbers_moved += 4 * heads * L * S
+    return numbers_moved * _count("batch", batch) * _count("bytes_per_number", bytes_per_number)
+
+
+def intensity(flops, nbytes):
+    """Arithmetic intensity: FLOPs per byte of memory traffic (chapter 7)."""
+    if not nbytes > 0:
+        raise ValueError(f"nbytes must be positive, got {nbytes!r}")
+    return flops / nbytes
+
+
+def roofline_seconds(flops, nbytes, device):
+    """The least time ``flops`` and ``nbytes`` can take on ``device`` (a :class:`GPU` or a name in ``GPUS``).
+
+    The roofline bound max(flops / peak, bytes / bandwidth): a prediction from datasheet rates, never a measurement.
+    It counts the tensor cores' rate, so it is the bound for half-precision matrix products.
+    """
+    device = gpu(device) if isinstance(device, str) else device
+    return max(flops / device.tensor_flops, nbytes / device.hbm_bytes_per_s)
+
+
+def attainable_flops(arithmetic_intensity, device):
+    """FLOP/s the roofline allows at an intensity: min(peak, intensity · bandwidth) (chapter 7)."""
+    device = gpu(device) if isinstance(device, str) else device
+    return min(device.tensor_flops, arithmetic_intensity * device.hbm_bytes_per_s)
+
+
+def layer_step_flops(new, keys, d_model, *, kv_size=None):
+    """FLOPs of one multi-head attention layer run on ``new`` tokens against ``keys`` keys (chapter 9).
+
+    The four projections, 2·new·D·(2D + 2·kv_size) with kv_size = Hkv·d_head (D without grouping), and the two
+    products of attention over every (query, key) pair, 4·new·keys·D. No mask is subtracted: this is what
+    PyTorch's math kernel multiplies, masked pairs included, and what ``FlopCounterMode`` counts.
+    """
+    new, keys, d_model = _count("new", new), _count("keys", keys), _count("d_model", d_model)
+    kv_size = d_model if kv_size is None else _count("kv_size", kv_size)
+    return 2 * new * d_model * (2 * d_model + 2 * kv_size) + 4 * new * keys * d_model
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """The shape of a decoder-only transformer with a gated (SwiGLU) MLP, as the Llama family has."""
+
+    name: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int  # the MLP's hidden size; gated: three (d_model, d_ff) matrices
+    vocab: int
+    context: int  # the trained context length, tokens
+
+    @property
+    def d_head(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def layer_params(self) -> int:
+        """Matrix parameters of one layer: W_Q and W_O (D×D), W_K and W_V (D×Hkv·d), three MLP matrices."""
+        kv = self.n_kv_heads * self.d_head
+        return 2 * self.d_model**2 + 2 * self.d_model * kv + 3 * self.d_model * self.d_ff
+
+    @property
+    def params(self) -> int:
+        """Every parameter: layers (matrices and two RMSNorm vectors), the final norm, untied in and out embeddings."""
+        return self.n_layers * (self.layer_params + 2 * self.d_model) + self.d_model + 2 * self.vocab * self.d_model
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes per token in 16-bit numbers: 2 (keys, values) · layers · Hkv · d_head · 2 bytes."""
+        return 2 * self.n_layers * self.n_kv_heads * self.d_head * 2
+
+
+# Published configurations (each model's config.json on the Hugging Face hub, and the papers' tables:
+# Llama 2, arXiv:2307.09288, Table 1; Llama 3, arXiv:2407.21783, Table 3). Both untie the embeddings.
+MODELS = {
+    "Llama-2-7B": Transformer("Llama 2 7B", 32, 4096, 32, 32, 11008, 32000, 4096),
+    "Llama-3-8B": Transformer("Llama 3 8B", 32, 4096, 32, 8, 14336, 128256, 8192),
+}
+
+
+def model(name: str) -> Transformer:
+    """The transformer called ``name`` (one of ``MODELS``), with a clear error for any other name."""
+    if name not in MODELS:
+        raise ValueError(f"no shape for model {name!r}; known: {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def forward_flops(shape, n_tokens, *, causal=True):
+    """FLOPs of one forward pass over ``n_tokens`` tokens, split into "dense" and "attention" (chapter 7).
+
+    dense: the layers' matrix products, 2 · layer_params per token per layer (projections and MLP). attention:
+    Q Kᵀ and weights·V over the pairs a causal mask keeps, 4 · d_model per pair per layer. Left out: the
+    embedding lookup, the output read-out (2 · vocab · d_model per token), softmax, norms and activations.
+    """
+    n = _count("n_tokens", n_tokens)
+    dense = 2 * shape.layer_params * n * shape.n_layers
+    attention = 4 * shape.d_model * attended_pairs(n, causal=causal) * shape.n_layers
+    return {"dense": dense, "attention": attention}
+
+
+def attention_share(shape, n_tokens):
+    """The share of a causal forward pass's layer FLOPs spent in attention's two products (chapter 7)."""
+    flops = forward_flops(shape, n_tokens)
+    return flops["attention"] / (flops["attention"] + flops["dense"])
+
+
+def attention_crossover(shape):
+    """The length n at which causal attention's FLOPs equal the dense layers' (chapter 7).
+
+    Per layer, attention does 2·d_model·(n + 1) FLOPs per token on average and the dense products 2·layer_params,
+    so they meet at n = layer_params / d_model - 1. Returned as a float.
+    """
+    return shape.layer_params / shape.d_model - 1
+
+
+def decode_step(shape, context, *, batch=1, bytes_per_number=2):
+    """FLOPs and bytes of one decode step: ``batch`` new tokens, each after ``context`` cached ones (chapter 9).
+
+    Bytes: every layer matrix and the output read-out read once for the whole batch (the input embedding reads
+    only ``batch`` rows, left out), plus each sequence's KV cache of ``context`` tokens. FLOPs: 2 per weight per
+    token, plus attention's 4 · H · d_head per cached token per layer. Returns a dict with "flops",
+    "weight_bytes", "cache_bytes" and "bytes".
+    """
+    context, batch = _count("context", context, 0), _count("batch", batch)
+    bytes_per_number = _count("bytes_per_number", bytes_per_number)
+    read_weights = shape.n_layers * shape.layer_params + shape.vocab * shape.d_model
+    weight_bytes = read_weights * bytes_per_number
+    cache_bytes = 2 * shape.n_layers * shape.n_kv_heads * shape.d_head * context * bytes_per_number * batch
+    flops = batch * (2 * read_weights + 4 * shape.n_layers * shape.n_heads * shape.d_head * context)
+    return {"flops": flops, "weight_bytes": weight_bytes, "cache_bytes": cache_bytes,
+            "bytes": weight_bytes + cache_bytes}
+
+
+def decode_attention_intensity(n_heads, n_kv_heads, bytes_per_number=2):
+    """FLOPs per byte of cache in a decode step's attention: 2·H / (Hkv · bytes), g = H/Hkv at 2 bytes (chapter 9).
+
+    Each cached token's key and value (2·Hkv·d_head numbers) serve H queries of 4·d_head FLOPs. Batching does
+    not raise it: every sequence reads its own cache.
+    """
+    n_heads, n_kv_heads = _count("n_heads", n_heads), _count("n_kv_heads", n_kv_heads)
+    return 2 * n_heads / (n_kv_heads * _count("bytes_per_number", bytes_per_number))
+
+
+def decode_tokens_per_s(shape, device, context, *, batch=1, bytes_per_number=2):
+    """The roofline's upper bound on tokens generated per second, all ``batch`` sequences together (chapter 9).
+
+    A prediction from datasheet rates: a real server also pays for kernel launches, the softmax, sampling and
+    whatever the kernels leave unused of the bandwidth.
+    """
+    step = decode_step(shape, context, batch=batch, bytes_per_number=bytes_per_number)
+    return batch / roofline_seconds(step["flops"], step["bytes"], device)
+
+
+def cache_outweighs_weights(shape, *, batch=1, bytes_per_number=2):
+    """The cached length (tokens per sequence) at which a batch's KV cache holds as many bytes as all the weights."""
+    per_token = 2 * shape.n_layers * shape.n_kv_heads * shape.d_head * bytes_per_number * _count("batch", batch)
+    return shape.params * bytes_per_number / per_token

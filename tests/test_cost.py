@@ -1,0 +1,122 @@
+"""lib.cost: counts checked by hand, against FlopCounterMode, and the published sizes of two named models."""
+
+import math
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from lib import attention as attn
+from lib import cost
+from lib.decoding import KVCache, kv_cache_bytes
+from lib.modules import TorchMultiHeadAttention
+
+
+def test_attention_flops_by_hand_and_by_flop_counter():
+    assert cost.attention_flops(1024, E=64) == 4 * 1024**2 * 64 == 268_435_456
+    assert cost.attention_flops(3, 5, E=4, Ev=2, heads=2, batch=3) == 2 * 15 * 6 * 2 * 3
+    q, k, v = torch.randn(2, 96, 16), torch.randn(2, 80, 16), torch.randn(2, 80, 8)
+    with FlopCounterMode(display=False) as counter:
+        attn.attention(q, k, v)
+    assert counter.get_total_flops() == cost.attention_flops(96, 80, 16, 8, batch=2)
+
+
+def test_causal_pairs():
+    assert cost.attended_pairs(4, causal=True) == 10  # 1 + 2 + 3 + 4
+    assert cost.attended_pairs(2, 5, causal=True) == 4 + 5  # bottom-right: the last two rows of a 5 x 5 triangle
+    assert cost.attended_pairs(1, 7, causal=True) == 7
+    assert cost.attended_pairs(3, 5, causal=True) == int(attn.causal_mask(3, 5, align="bottom-right").sum())
+    with pytest.raises(ValueError, match="L <= S"):
+        cost.attended_pairs(5, 3, causal=True)
+
+
+def test_attention_bytes_and_intensity():
+    # one head, n = 1024, d = 64, float16: q, k, v read and the output written, 4 n d numbers of 2 bytes
+    fused = cost.attention_bytes(1024, E=64)
+    assert fused == 4 * 1024 * 64 * 2 == 524_288
+    assert cost.intensity(cost.attention_flops(1024, E=64), fused) == 512.0  # n / 2 FLOP per byte at d = 64
+    unfused = cost.attention_bytes(1024, E=64, scores=True)
+    assert unfused == fused + 4 * 1024**2 * 2
+    # grouped: keys and values counted once per key/value head
+    assert cost.attention_bytes(1, 100, 8, heads=4, kv_heads=1, bytes_per_number=1) == 4 * 16 + 100 * 16
+    with pytest.raises(ValueError, match="nbytes"):
+        cost.intensity(1, 0)
+
+
+def test_roofline():
+    h100 = cost.gpu("H100")
+    assert h100.ridge == pytest.approx(295.34, abs=0.01)
+    assert cost.roofline_seconds(989.4e12, 1.0, "H100") == pytest.approx(1.0)  # compute bound
+    assert cost.roofline_seconds(1.0, 3.35e12, h100) == pytest.approx(1.0)  # memory bound
+    assert cost.attainable_flops(1.0, h100) == 3.35e12
+    assert cost.attainable_flops(1000.0, h100) == h100.tensor_flops
+    with pytest.raises(ValueError, match="known"):
+        cost.roofline_seconds(1, 1, "V100")
+
+
+def test_layer_step_flops_match_the_flop_counter():
+    torch.manual_seed(0)
+    layer = TorchMultiHeadAttention(32, 4, n_kv_heads=2).eval()
+    stream = torch.randn(1, 9, 32)
+    cache = KVCache(9)
+    with torch.no_grad():
+        layer(stream[:, :8], causal=True, cache=cache)
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+            layer(stream[:, 8:], causal=True, cache=cache)
+    assert counter.get_total_flops() == cost.layer_step_flops(1, 9, 32, kv_size=16)
+    assert cost.layer_step_flops(2, 2, 256) == 4 * 2 * 2 * 256**2 + 2 * 2 * 2 * 2 * 256
+
+
+def test_published_parameter_counts():
+    # Llama 2 7B: 6,738,415,616 parameters; Llama 3 8B: 8,030,261,248 (the models' safetensors indexes)
+    llama2, llama3 = cost.model("Llama-2-7B"), cost.model("Llama-3-8B")
+    assert llama2.params == 6_738_415_616
+    assert llama3.params == 8_030_261_248
+    assert llama2.layer_params == 4 * 4096**2 + 3 * 4096 * 11008
+    assert llama2.kv_bytes_per_token == kv_cache_bytes(32, 32, 128, 1, 2) == 524_288
+    assert llama3.kv_bytes_per_token == 131_072
+    with pytest.raises(ValueError, match="known"):
+        cost.model("GPT-5")
+
+
+def test_attention_versus_mlp_crossover_for_llama_2_7b():
+    llama2 = cost.model("Llama-2-7B")
+    # 2 (4·4096² + 3·4096·11008) = 404,750,336 FLOPs per token per layer in the dense products
+    assert 2 * llama2.layer_params == 404_750_336
+    assert cost.attention_crossover(llama2) == 49_407
+    assert round(100 * cost.attention_share(llama2, 4096)) == 8
+    assert round(100 * cost.attention_share(llama2, 65536)) == 57
+    n = 49_407
+    flops = cost.forward_flops(llama2, n)
+    assert flops["attention"] == flops["dense"]  # exactly equal at the crossover
+    assert cost.attention_share(llama2, n - 1000) < 0.5 < cost.attention_share(llama2, n + 1000)
+
+
+def test_decode_step_llama_2_7b_on_an_h100():
+    llama2 = cost.model("Llama-2-7B")
+    step = cost.decode_step(llama2, 4096)
+    layers_and_head = 32 * llama2.layer_params + 32000 * 4096
+    assert step["weight_bytes"] == 2 * layers_and_head == 13_214_154_752
+    assert step["cache_bytes"] == 2 * 2**30
+    assert step["flops"] == 2 * layers_and_head + 4 * 32 * 32 * 128 * 4096
+    assert cost.intensity(step["flops"], step["bytes"]) == 1.0  # MHA in 16 bits: exactly 1 FLOP per byte
+    rate = cost.decode_tokens_per_s(llama2, "H100", 4096)
+    assert rate == pytest.approx(3.35e12 / step["bytes"]) and 215 < rate < 220
+    # batching shares the weights, not the caches: 64 sequences are each token still reads its own cache
+    per_token_64 = cost.decode_tokens_per_s(llama2, "H100", 4096, batch=64) / 64
+    assert per_token_64 < rate / 8
+
+
+def test_decode_attention_intensity_is_the_group_size():
+    assert cost.decode_attention_intensity(32, 32) == 1.0
+    assert cost.decode_attention_intensity(32, 8) == 4.0
+    assert cost.decode_attention_intensity(32, 8, bytes_per_number=1) == 8.0
+
+
+def test_cache_outweighs_weights():
+    llama2, llama3 = cost.model("Llama-2-7B"), cost.model("Llama-3-8B")
+    t2 = cost.cache_outweighs_weights(llama2)
+    assert t2 == 6_738_415_616 * 2 / 524_288 and math.floor(t2) == 25_705
+    assert cost.cache_outweighs_weights(llama3) == pytest.approx(122_532.06, abs=0.01)
+    assert cost.cache_outweighs_weights(llama2, batch=8) == t2 / 8
