@@ -151,12 +151,16 @@ def _split_program(n_rows, BLOCK: tl.constexpr, REVERSE: tl.constexpr = False):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Forward. One program computes BLOCK_M rows of the output for one z (one batch element and head):
-#   on chip: its q tile (BLOCK_M, E), one key tile kᵀ (E, BLOCK_N) and value tile (BLOCK_N, Ev) at a time, the
-#            scores of that pair (BLOCK_M, BLOCK_N), and per row the running max m, running sum l and output acc.
-#   reads:   q once; k and v once per query block, ⌈L / BLOCK_M⌉ times in all (about half that when causal).
+# Forward. One program computes BLOCK_M rows of the output for one z (one batch
+# element and head):
+#   on chip: its q tile (BLOCK_M, E), one key tile kᵀ (E, BLOCK_N) and value tile
+#            (BLOCK_N, Ev) at a time, the scores of that pair (BLOCK_M, BLOCK_N),
+#            and per row the running max m, running sum l and output acc.
+#   reads:   q once; k and v once per query block, ⌈L / BLOCK_M⌉ times in all
+#            (about half that when causal).
 #   writes:  its output rows (BLOCK_M, Ev) and their logsumexp (BLOCK_M,), once.
-# Everything is in base 2: m and the logsumexp are in units of score · scale · log2 e, so exp2(s − m) = exp(x − max).
+# Everything is in base 2: m and the logsumexp are in units of score · scale · log2 e,
+# so exp2(s − m) = exp(x − max).
 # FOLD (Variant.fold_scale): the row max is taken on the raw scores, which the positive scale does not reorder, and
 # the scale enters in one fused multiply-add, s · qk_scale − m, right before the exponential, as Triton's tutorial
 # does. Without it every score is first multiplied by qk_scale: one more float32 instruction per score.
@@ -180,17 +184,29 @@ def _forward_tiles(
             kt = tl.trans(K_z.load([start_n, 0]))  # (BLOCK_E, BLOCK_N)
             v = V_z.load([start_n, 0])  # (BLOCK_N, BLOCK_EV)
         else:
-            K_t = K_z + tl.cast(start_n, tl.int64) * sk_s  # this tile's first key, a 64-bit scalar
+            # this tile's first key, a 64-bit scalar
+            K_t = K_z + tl.cast(start_n, tl.int64) * sk_s
             V_t = V_z + tl.cast(start_n, tl.int64) * sv_s
-            kt_ptrs = K_t + cols0[None, :] * sk_s + offs_e[:, None] * sk_e  # (BLOCK_E, BLOCK_N): kᵀ of this tile
-            v_ptrs = V_t + cols0[:, None] * sv_s + offs_ev[None, :] * sv_e  # (BLOCK_N, BLOCK_EV)
+            # (BLOCK_E, BLOCK_N): kᵀ of this tile
+            kt_ptrs = K_t + cols0[None, :] * sk_s + offs_e[:, None] * sk_e
+            # (BLOCK_N, BLOCK_EV)
+            v_ptrs = V_t + cols0[:, None] * sv_s + offs_ev[None, :] * sv_e
             if MASKED:
-                kt = tl.load(kt_ptrs, mask=(offs_e[:, None] < E) & (cols[None, :] < S), other=0.0)
-                v = tl.load(v_ptrs, mask=(cols[:, None] < S) & (offs_ev[None, :] < EV), other=0.0)
+                kt = tl.load(
+                    kt_ptrs, mask=(offs_e[:, None] < E) & (cols[None, :] < S), other=0.0
+                )
+                v = tl.load(
+                    v_ptrs,
+                    mask=(cols[:, None] < S) & (offs_ev[None, :] < EV),
+                    other=0.0,
+                )
             else:
-                kt = tl.load(kt_ptrs, mask=offs_e[:, None] < E, other=0.0)  # (BLOCK_E, BLOCK_N)
-                v = tl.load(v_ptrs, mask=offs_ev[None, :] < EV, other=0.0)  # (BLOCK_N, BLOCK_EV)
-        s = tl.dot(q, kt, input_precision=PRECISION)  # (BLOCK_M, BLOCK_N), raw scores q · k
+                # (BLOCK_E, BLOCK_N)
+                kt = tl.load(kt_ptrs, mask=offs_e[:, None] < E, other=0.0)
+                # (BLOCK_N, BLOCK_EV)
+                v = tl.load(v_ptrs, mask=offs_ev[None, :] < EV, other=0.0)
+        # (BLOCK_M, BLOCK_N), raw scores q · k
+        s = tl.dot(q, kt, input_precision=PRECISION)
         if not FOLD:
             s = s * qk_scale  # the extra multiply per score
         if MASKED:
@@ -202,22 +218,35 @@ def _forward_tiles(
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # (BLOCK_M,)
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1))
-        if MASKED:  # only a masked tile can leave a row with nothing allowed yet: exp2(-inf - 0) = 0
+        # only a masked tile can leave a row with nothing allowed yet: exp2(-inf - 0) =
+        # 0
+        if MASKED:
             m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         if FOLD:
-            p = tl.math.exp2(s * qk_scale - m_new[:, None])  # one FMA and one exponential per score
+            # one FMA and one exponential per score
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
         else:
-            p = tl.math.exp2(s - m_new[:, None])  # (BLOCK_M, BLOCK_N), weights up to the row's final 1 / l
-        alpha = tl.math.exp2(m_i - m_new)  # rescales what was summed under the old maximum
-        # Compiled for sm_90, ptxas serialises this kernel's wgmma, a wait after every product (its C7515: "non wgmma
-        # instructions defining accumulator registers of a wgmma"); the rescale acc * alpha is the likely culprit.
-        if FOLD:  # the tutorial's order: the row sum is folded into l after the product is issued
+            # (BLOCK_M, BLOCK_N), weights up to the row's final 1 / l
+            p = tl.math.exp2(s - m_new[:, None])
+        # rescales what was summed under the old maximum
+        alpha = tl.math.exp2(m_i - m_new)
+        # Compiled for sm_90, ptxas serialises this kernel's wgmma, a wait after every
+        #   product (its C7515: "non wgmma
+        # instructions defining accumulator registers of a wgmma"); the rescale acc *
+        #   alpha is the likely culprit.
+        # the tutorial's order: the row sum is folded into l after the product is issued
+        if FOLD:
             l_ij = tl.sum(p, 1)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+            acc = tl.dot(
+                p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION
+            )
             l_i = l_i * alpha + l_ij
         else:
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)  # (BLOCK_M, BLOCK_EV)
+            # (BLOCK_M, BLOCK_EV)
+            acc = tl.dot(
+                p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION
+            )
         m_i = m_new
     return acc, l_i, m_i
 
@@ -231,12 +260,14 @@ def _flash_forward(
     PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr, LPT: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    z, start_m = _split_program(L, BLOCK_M, CAUSAL and LPT)  # batch·head index, first query row of this program
+    # batch·head index, first query row of this program
+    z, start_m = _split_program(L, BLOCK_M, CAUSAL and LPT)
     z = z.to(tl.int64)  # 64-bit so that z · stride cannot overflow
     rows0 = tl.arange(0, BLOCK_M)  # (BLOCK_M,) row offsets within the tile
     rows = start_m + rows0  # (BLOCK_M,) query indices, for the masks
     cols0 = tl.arange(0, BLOCK_N)  # (BLOCK_N,) key offsets within a tile
-    offs_e = tl.arange(0, BLOCK_E)  # (BLOCK_E,) E padded to a power of two; the padding is loaded as 0
+    # (BLOCK_E,) E padded to a power of two; the padding is loaded as 0
+    offs_e = tl.arange(0, BLOCK_E)
     offs_ev = tl.arange(0, BLOCK_EV)  # (BLOCK_EV,)
     Q_t = Q + z * sq_z + tl.cast(start_m, tl.int64) * sq_l  # this tile's first query
     q = tl.load(
@@ -246,10 +277,17 @@ def _flash_forward(
     )  # (BLOCK_M, BLOCK_E), read once and kept on chip
     K_z = K + z * sk_z  # this z's keys and values
     V_z = V + z * sv_z
-    if TMA:  # the same, as tensor descriptors: shape, strides (the last is 1) and the tile a copy brings
-        K_z = tl.make_tensor_descriptor(K_z, shape=[S, E], strides=[sk_s, 1], block_shape=[BLOCK_N, BLOCK_E])
-        V_z = tl.make_tensor_descriptor(V_z, shape=[S, EV], strides=[sv_s, 1], block_shape=[BLOCK_N, BLOCK_EV])
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of each row's scores (base 2)
+    # the same, as tensor descriptors: shape, strides (the last is 1) and the
+    # tile a copy brings
+    if TMA:
+        K_z = tl.make_tensor_descriptor(
+            K_z, shape=[S, E], strides=[sk_s, 1], block_shape=[BLOCK_N, BLOCK_E]
+        )
+        V_z = tl.make_tensor_descriptor(
+            V_z, shape=[S, EV], strides=[sv_s, 1], block_shape=[BLOCK_N, BLOCK_EV]
+        )
+    # running max of each row's scores (base 2)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(s - m)
     acc = tl.zeros([BLOCK_M, BLOCK_EV], tl.float32)  # running sum of exp2(s - m) v
 
@@ -278,24 +316,33 @@ def _flash_forward(
         out.to(O.dtype.element_ty),
         mask=(rows[:, None] < L) & (offs_ev[None, :] < EV),
     )
-    tl.store(LSE + z * L + rows, m_i + tl.math.log2(l_safe), mask=rows < L)  # logsumexp, base 2
+    # logsumexp, base 2
+    tl.store(LSE + z * L + rows, m_i + tl.math.log2(l_safe), mask=rows < L)
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Backward, given dO (the gradient of the output), the saved logsumexp and D = rowsum(dO ∘ O) (one per query):
-#   P = exp2(s - lse)   dV = Pᵀ dO   dP = dO Vᵀ   dS = P ∘ (dP - D)   dQ = scale · dS K   dK = scale · dSᵀ Q
-# _backward_preprocess: D, one program per (z, block of rows), in float32 (Variant.delta_kernel); otherwise
-#   PyTorch computes it eagerly, with two float32 copies of dO and O and four launches.
-# _flash_backward_kv: one program per (z, key block) owns dK and dV of BLOCK_N keys and walks the query blocks:
-#   on chip: its k and v tiles, dK and dV accumulators, one query block's q, dO, lse and D at a time, and the
-#            transposed weights Pᵀ (BLOCK_N, BLOCK_M) recomputed for that pair.
-#   reads:   k and v once; q, dO, lse and D once per key block.   writes: dK and dV, once.
+# Backward, given dO (the gradient of the output), the saved logsumexp and
+# D = rowsum(dO ∘ O) (one per query):
+#   P = exp2(s - lse)   dV = Pᵀ dO   dP = dO Vᵀ   dS = P ∘ (dP - D)
+#   dQ = scale · dS K   dK = scale · dSᵀ Q
+# _backward_preprocess: D, one program per (z, block of rows), in float32
+#   (Variant.delta_kernel); otherwise PyTorch computes it eagerly, with two float32
+#   copies of dO and O and four launches.
+# _flash_backward_kv: one program per (z, key block) owns dK and dV of BLOCK_N keys
+#   and walks the query blocks:
+#   on chip: its k and v tiles, dK and dV accumulators, one query block's q, dO, lse
+#            and D at a time, and the transposed weights Pᵀ (BLOCK_N, BLOCK_M)
+#            recomputed for that pair.
+#   reads:   k and v once; q, dO, lse and D once per key block.
+#   writes:  dK and dV, once.
 # Then dQ, one of two ways (Variant.atomic_dq):
-#   ATOMIC: the same program also forms that pair's share of dQ, dS K, and adds it with float32 atomic adds into a
-#           zeroed (Z, L, E) buffer: 5 products per tile pair, one main kernel; the order of the additions, hence
-#           the last bits of dQ, varies from run to run.
-#   otherwise: _flash_backward_q, one program per (z, query block), owns dQ and walks the key blocks, recomputing
-#           P and dP: 7 products in all and two main kernels, but every output is written by exactly one program, so
+#   ATOMIC: the same program also forms that pair's share of dQ, dS K, and adds it
+#           with float32 atomic adds into a zeroed (Z, L, E) buffer: 5 products per
+#           tile pair, one main kernel; the order of the additions, hence the last
+#           bits of dQ, varies from run to run.
+#   otherwise: _flash_backward_q, one program per (z, query block), owns dQ and walks
+#           the key blocks, recomputing P and dP: 7 products in all and two main
+#           kernels, but every output is written by exactly one program, so
 #           the result is the same bit for bit on every run.
 # --------------------------------------------------------------------------------------------------------------
 
@@ -340,18 +387,27 @@ def _backward_kv_tiles(
         do = tl.load(do_ptrs, mask=in_rows[:, None] & (offs_ev[None, :] < EV), other=0.0)
         lse = tl.load(LSE_z + rows, mask=in_rows, other=0.0)  # (BLOCK_M,)
         delta = tl.load(DELTA_z + rows, mask=in_rows, other=0.0)  # (BLOCK_M,)
-        st = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M), raw scores transposed
-        pt = tl.math.exp2(st * qk_scale - lse[None, :])  # Pᵀ, recomputed: one FMA and one exponential a score
-        if MASKED:  # keys past S, rows past L (their lse is a stand-in 0) and the causal future get weight 0
+        # (BLOCK_N, BLOCK_M), raw scores transposed
+        st = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+        # Pᵀ, recomputed: one FMA and one exponential a score
+        pt = tl.math.exp2(st * qk_scale - lse[None, :])
+        # keys past S, rows past L (their lse is a stand-in 0) and the causal future
+        # get weight 0
+        if MASKED:
             allowed = in_rows[None, :] & (cols[:, None] < S)
             if CAUSAL:
                 allowed = allowed & (rows[None, :] >= cols[:, None])
             pt = tl.where(allowed, pt, 0.0)
-        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)  # (BLOCK_N, BLOCK_EV) += Pᵀ dO
-        dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M) = (dO Vᵀ)ᵀ
+        # (BLOCK_N, BLOCK_EV) += Pᵀ dO
+        dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
+        # (BLOCK_N, BLOCK_M) = (dO Vᵀ)ᵀ
+        dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         dst = pt * (dpt - delta[None, :])  # dSᵀ
-        dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PRECISION)  # (BLOCK_N, BLOCK_E) += dSᵀ Q
-        if ATOMIC:  # this pair's share of dQ, (BLOCK_M, BLOCK_E) = dS K, added into the float32 buffer
+        # (BLOCK_N, BLOCK_E) += dSᵀ Q
+        dk = tl.dot(dst.to(q.dtype), q, dk, input_precision=PRECISION)
+        # this pair's share of dQ, (BLOCK_M, BLOCK_E) = dS K, added into the
+        # float32 buffer
+        if ATOMIC:
             dq = tl.dot(tl.trans(dst.to(k.dtype)), k, input_precision=PRECISION)
             DQ_t = DQ_z + tl.cast(start_m, tl.int64) * sdq_l
             tl.atomic_add(DQ_t + rows0[:, None] * sdq_l + offs_e[None, :], dq * scale,
@@ -587,7 +643,8 @@ def _scratch_for_descriptors():
 
 
 def _forward(q, k, v, causal, scale, tiles=None, variant=None):
-    """q (Z, L, E), k (Z, S, E), v (Z, S, Ev) -> output (Z, L, Ev) and logsumexp (Z, L), base 2, float32."""
+    """q (Z, L, E), k (Z, S, E), v (Z, S, Ev) -> output (Z, L, Ev) and logsumexp (Z, L),
+    base 2, float32."""
     variant = variant or DEFAULT
     tma = variant.tma and _tma_ready(k, v)
     if tma:
@@ -598,10 +655,12 @@ def _forward(q, k, v, causal, scale, tiles=None, variant=None):
     lse = torch.empty((Z, L), device=q.device, dtype=torch.float32)
     with _device_guard(q.device):
         _run_forward(
-            _grid(L, Z, "BLOCK_M"), q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(), L, S,
+            _grid(L, Z, "BLOCK_M"), q, k, v, o, lse,
+            *q.stride(), *k.stride(), *v.stride(), *o.stride(), L, S,
             scale * LOG2_E, _bucket(L), _bucket(S), _bucket(Z),
             E=E, EV=EV, BLOCK_E=_head_block(E), BLOCK_EV=_head_block(EV), CAUSAL=causal,
-            PRECISION=_precision(q.dtype), FOLD=variant.fold_scale, TMA=tma, LPT=variant.lpt, tiles=tiles,
+            PRECISION=_precision(q.dtype), FOLD=variant.fold_scale, TMA=tma,
+            LPT=variant.lpt, tiles=tiles,
         )
     return o, lse
 
