@@ -11,7 +11,8 @@ Shape vocabulary, used in every docstring and shape comment below:
     E     query and key size (d_k in the book)
     Ev    value size (d_v in the book)
 
-    q (..., L, E)   k (..., S, E)   v (..., S, Ev)   weights (..., L, S)   output (..., L, Ev)
+    q (..., L, E)   k (..., S, E)   v (..., S, Ev)
+    weights (..., L, S)   output (..., L, Ev)
 
 Masks follow ``torch.nn.functional.scaled_dot_product_attention``: a boolean mask is True where a query MAY attend
 a key; a floating mask is added to the scores. ``nn.MultiheadAttention``'s ``key_padding_mask`` and ``attn_mask``

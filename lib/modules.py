@@ -2,10 +2,11 @@
 
 Two pairs of mirrored twins with the same parameter names and the same arithmetic::
 
-    SelfAttention             NumPy, one head, forward only (no gradients, no dropout)            chapter 6
-    TorchSelfAttention        its ``torch.nn.Module`` twin: trainable, dropout, any device and dtype
-    MultiHeadAttention        NumPy, h heads (grouped-query with n_kv_heads < n_heads), a KV cache   chapter 9
-    TorchMultiHeadAttention   its twin, calling ``torch.nn.functional.scaled_dot_product_attention`` on 4-D inputs
+    SelfAttention            NumPy, one head, forward only (no gradients, no dropout)  ch. 6
+    TorchSelfAttention       its torch.nn.Module twin: trainable, dropout, any device
+    MultiHeadAttention       NumPy, h heads (grouped-query if n_kv_heads < n_heads),
+                             a KV cache                                                ch. 9
+    TorchMultiHeadAttention  its twin, calling scaled_dot_product_attention on 4-D inputs
 
 The NumPy twins live here, and this module imports without torch. The ``torch.nn`` twins live in :mod:`lib.nn`,
 which imports torch at its top; ``lib.modules.TorchSelfAttention`` and the other torch names
@@ -14,15 +15,17 @@ import :mod:`lib.nn` the first time they are asked for.
 
 Shape vocabulary, as in :mod:`lib.attention`, plus the sizes of the projections and the heads::
 
-    ...   batch dimensions        L     query length          S     key length (self-attention: L = S)
-    D     d_model, the size of each input token      E     d_k, the query and key size
-    Ev    d_v, the value size                        Do    d_out, the output size (Ev without an output projection)
-    H     n_heads, query heads    Hkv   n_kv_heads, key/value heads (Hkv = H except in grouped-query attention)
+    ...   batch dimensions     L    query length      S   key length (self-attention: L = S)
+    D     d_model, the size of each input token     E     d_k, the query and key size
+    Ev    d_v, the value size       Do   d_out, the output size (Ev without w_o)
+    H     n_heads, query heads      Hkv  n_kv_heads, key/value heads (H but in GQA)
     d     d_head = D / H, the size of one head's queries, keys and values
 
-    one head:  x (..., L, D)   w_q (D, E)   w_k (D, E)   w_v (D, Ev)   w_o (Ev, Do)   output (..., L, Do)
+    one head:  x (..., L, D)   w_q (D, E)   w_k (D, E)   w_v (D, Ev)   w_o (Ev, Do)
+               output (..., L, Do)
     H heads:   x (..., L, D)   w_q (D, D)   w_k (D, Hkv·d)   w_v (D, Hkv·d)   w_o (D, D)
-               q (..., H, L, d)   k, v (..., Hkv, S, d)   weights (..., H, L, S)   output (..., L, D)
+               q (..., H, L, d)   k, v (..., Hkv, S, d)   weights (..., H, L, S)
+               output (..., L, D)
 
 Weights are stored as the book writes them, (in, out), so a projection is ``x @ w_q``: the transpose of the
 (out, in) layout of ``torch.nn.Linear`` and of ``nn.MultiheadAttention``'s ``in_proj_weight``.

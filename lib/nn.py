@@ -1,9 +1,11 @@
 """Attention as ``torch.nn`` modules (chapters 6 and 9): the torch twins of :mod:`lib.modules`' NumPy classes::
 
-    TorchSelfAttention        one head, trainable, dropout, any device and dtype                      chapter 6
-    TorchMultiHeadAttention   h heads (grouped-query with n_kv_heads < n_heads), a KV cache, calling
-                              ``torch.nn.functional.scaled_dot_product_attention`` on 4-D inputs        chapter 9
-    to_multihead_attention, from_multihead_attention    conversions to and from ``torch.nn.MultiheadAttention``
+    TorchSelfAttention       one head, trainable, dropout, any device and dtype    ch. 6
+    TorchMultiHeadAttention  h heads (grouped-query if n_kv_heads < n_heads), a KV
+                             cache, calling scaled_dot_product_attention on 4-D
+                             inputs                                                 ch. 9
+    to_multihead_attention, from_multihead_attention
+                             conversions to and from torch.nn.MultiheadAttention
 
 This module imports torch, so a NumPy reader never loads it; :mod:`lib.modules` hands out the same names the first
 time they are asked for (``from lib.modules import TorchMultiHeadAttention`` works too). The parameter names,
