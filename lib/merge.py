@@ -5,8 +5,7 @@ an accumulator of exp(score - m) v. Divide the accumulator by l and fold m and l
 logsumexp lse = m + log l, and the pair (out, lse) says everything a later step needs about the keys seen so far:
 
     out (..., L, Ev)   the normalised attention output over those keys alone
-    lse (..., L)       log sum_j exp(score_j), natural log; -inf for a row that may
-                       attend none of them
+    lse (..., L)       log sum_j exp(score_j) in the natural log; -inf if no key is allowed
 
 Two states over disjoint sets of keys merge into the state over their union: lse = logaddexp(lse_a, lse_b) and
 out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b, a convex combination. Split-KV decoding merges across kernel
