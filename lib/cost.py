@@ -10,6 +10,8 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
+from lib.decoding import kv_cache_bytes
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -88,12 +90,8 @@ def choose_num_splits(programs: int, keys: int, sms: int, *, min_keys: int = 256
     (it is passed twice the SM count) and stops splitting once the programs fill 80% of them; here ``sms`` is the
     number of programs that run at once, and splitting stops only when they fill all of it (chapter 10).
     """
-    import numbers
-
-    for name, n in (("programs", programs), ("keys", keys), ("sms", sms), ("min_keys", min_keys),
-                    ("max_splits", max_splits)):
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < (0 if name == "keys" else 1):
-            raise ValueError(f"{name} must be an integer >= {0 if name == 'keys' else 1}, got {n!r}")
+    programs, keys, sms = _count("programs", programs), _count("keys", keys, 0), _count("sms", sms)
+    min_keys, max_splits = _count("min_keys", min_keys), _count("max_splits", max_splits)
     if programs >= sms:
         return 1
     most = max(1, min(max_splits, keys // min_keys))
@@ -319,7 +317,7 @@ class Transformer:
     @property
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes per token in 16-bit numbers: 2 (keys, values) · layers · Hkv · d_head · 2 bytes."""
-        return 2 * self.n_layers * self.n_kv_heads * self.d_head * 2
+        return kv_cache_bytes(self.n_layers, self.n_kv_heads, self.d_head, 1, 2)
 
 
 # Published configurations (each model's config.json on the Hugging Face hub, and the papers' tables:
@@ -377,7 +375,7 @@ def decode_step(shape, context, *, batch=1, bytes_per_number=2):
     bytes_per_number = _count("bytes_per_number", bytes_per_number)
     read_weights = shape.n_layers * shape.layer_params + shape.vocab * shape.d_model
     weight_bytes = read_weights * bytes_per_number
-    cache_bytes = 2 * shape.n_layers * shape.n_kv_heads * shape.d_head * context * bytes_per_number * batch
+    cache_bytes = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, context, bytes_per_number, batch)
     flops = batch * (2 * read_weights + 4 * shape.n_layers * shape.n_heads * shape.d_head * context)
     return {"flops": flops, "weight_bytes": weight_bytes, "cache_bytes": cache_bytes,
             "bytes": weight_bytes + cache_bytes}
@@ -405,5 +403,6 @@ def decode_tokens_per_s(shape, device, context, *, batch=1, bytes_per_number=2):
 
 def cache_outweighs_weights(shape, *, batch=1, bytes_per_number=2):
     """The cached length (tokens per sequence) at which a batch's KV cache holds as many bytes as all the weights."""
-    per_token = 2 * shape.n_layers * shape.n_kv_heads * shape.d_head * bytes_per_number * _count("batch", batch)
+    per_token = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, 1, bytes_per_number,
+                               _count("batch", batch))
     return shape.params * bytes_per_number / per_token
