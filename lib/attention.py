@@ -80,7 +80,7 @@ def __getattr__(name):
                 name="triton",
             ) from None
         return flash_attention
-    if name == "flash_decode":  # split-KV decoding (chapter 10), imported on first use for the same reasons
+    if name == "flash_decode":  # split-KV decoding (chapter 11), imported on first use for the same reasons
         try:
             from lib.flash_decode import flash_decode
         except ModuleNotFoundError as err:
@@ -241,7 +241,7 @@ def attention_loop(q, k, v, mask=None, *, causal=False, scale=None):
 
 
 def causal_mask(L, S=None, *, like=None, align="top-left"):
-    """Boolean (L, S) mask, True where query i may attend key j (chapters 5 and 9).
+    """Boolean (L, S) mask, True where query i may attend key j (chapters 5 and 10).
 
     ``align="top-left"`` (the default, as ``is_causal=True`` in ``scaled_dot_product_attention``): query i may
     attend keys j <= i. ``align="bottom-right"`` (as ``torch.nn.attention.bias.causal_lower_right``): the last

@@ -1,6 +1,6 @@
 """What attention costs on a named machine: operations, bytes moved, and the time each one's rate allows.
 
-A small cost model shared by chapters 7 to 10. Nothing here times anything: these are counts and datasheet rates,
+A small cost model shared by chapters 7 to 11. Nothing here times anything: these are counts and datasheet rates,
 so every figure they give is a prediction, and the chapters say so where they print one. Shapes follow
 :mod:`lib.attention`: ``L`` queries, ``S`` keys, ``E`` the query/key size, ``Ev`` the value size.
 """
@@ -57,7 +57,7 @@ def gpu(name: str) -> GPU:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Decoding (chapter 10): how many pieces to cut a long key cache into, so that one new token keeps a GPU busy.
+# Decoding (chapter 11): how many pieces to cut a long key cache into, so that one new token keeps a GPU busy.
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -74,7 +74,7 @@ def wave_efficiency(programs: int, sms: int) -> float:
 
 def choose_num_splits(programs: int, keys: int, sms: int, *, min_keys: int = 256, max_splits: int = 128,
                       tolerance: float = 0.85) -> int:
-    """How many slices of the keys split-KV decoding should use (chapter 10).
+    """How many slices of the keys split-KV decoding should use (chapter 11).
 
     ``programs`` is how many programs one slice needs (batch · key/value heads · query blocks), ``keys`` the cache
     length S, ``sms`` the GPU's streaming multiprocessors. Rules, in order:
@@ -88,7 +88,7 @@ def choose_num_splits(programs: int, keys: int, sms: int, *, min_keys: int = 256
 
     It is modelled on FlashAttention-2's ``num_splits_heuristic``, simplified: that rule counts two programs per SM
     (it is passed twice the SM count) and stops splitting once the programs fill 80% of them; here ``sms`` is the
-    number of programs that run at once, and splitting stops only when they fill all of it (chapter 10).
+    number of programs that run at once, and splitting stops only when they fill all of it (chapter 11).
     """
     programs, keys, sms = _count("programs", programs), _count("keys", keys, 0), _count("sms", sms)
     min_keys, max_splits = _count("min_keys", min_keys), _count("max_splits", max_splits)
@@ -194,7 +194,7 @@ def predicted_sdpa_tflops(gpu: GPU, d: int, n: int = 4096) -> tuple[float, float
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapters 7 and 9: counting attention, a transformer's forward pass, and the decode step on the roofline
+# Chapters 7 and 10: counting attention, a transformer's forward pass, and the decode step on the roofline
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -275,7 +275,7 @@ def attainable_flops(arithmetic_intensity, device):
 
 
 def layer_step_flops(new, keys, d_model, *, kv_size=None):
-    """FLOPs of one multi-head attention layer run on ``new`` tokens against ``keys`` keys (chapter 9).
+    """FLOPs of one multi-head attention layer run on ``new`` tokens against ``keys`` keys (chapter 10).
 
     The four projections, 2·new·D·(2D + 2·kv_size) with kv_size = Hkv·d_head (D without grouping), and the two
     products of attention over every (query, key) pair, 4·new·keys·D. No mask is subtracted: this is what
@@ -364,7 +364,7 @@ def attention_crossover(shape):
 
 
 def decode_step(shape, context, *, batch=1, bytes_per_number=2):
-    """FLOPs and bytes of one decode step: ``batch`` new tokens, each after ``context`` cached ones (chapter 9).
+    """FLOPs and bytes of one decode step: ``batch`` new tokens, each after ``context`` cached ones (chapter 10).
 
     Bytes: every layer matrix and the output read-out read once for the whole batch (the input embedding reads
     only ``batch`` rows, left out), plus each sequence's KV cache of ``context`` tokens. FLOPs: 2 per weight per
@@ -382,7 +382,7 @@ def decode_step(shape, context, *, batch=1, bytes_per_number=2):
 
 
 def decode_attention_intensity(n_heads, n_kv_heads, bytes_per_number=2):
-    """FLOPs per byte of cache in a decode step's attention: 2·H / (Hkv · bytes), g = H/Hkv at 2 bytes (chapter 9).
+    """FLOPs per byte of cache in a decode step's attention: 2·H / (Hkv · bytes), g = H/Hkv at 2 bytes (chapter 10).
 
     Each cached token's key and value (2·Hkv·d_head numbers) serve H queries of 4·d_head FLOPs. Batching does
     not raise it: every sequence reads its own cache.
@@ -392,7 +392,7 @@ def decode_attention_intensity(n_heads, n_kv_heads, bytes_per_number=2):
 
 
 def decode_tokens_per_s(shape, device, context, *, batch=1, bytes_per_number=2):
-    """The roofline's upper bound on tokens generated per second, all ``batch`` sequences together (chapter 9).
+    """The roofline's upper bound on tokens generated per second, all ``batch`` sequences together (chapter 10).
 
     A prediction from datasheet rates: a real server also pays for kernel launches, the softmax, sampling and
     whatever the kernels leave unused of the bandwidth.

@@ -1,4 +1,4 @@
-"""Generating token by token: a cache of keys and values, and the attention step that reads it (chapter 9).
+"""Generating token by token: a cache of keys and values, and the attention step that reads it (chapter 10).
 
 A model that generates text runs once per new token. Each run needs the new token's query and the keys and values
 of every token so far. In a causal model those keys and values never change once computed, since token j never
@@ -158,7 +158,7 @@ def _check_matches(name, t, store):
 
 
 def decode_step(q, k, v, cache):
-    """Attend l new tokens to every token so far: output (..., H, l, Ev) (chapter 9).
+    """Attend l new tokens to every token so far: output (..., H, l, Ev) (chapter 10).
 
     q (..., H, l, E) are the new tokens' queries, k (..., Hkv, l, E) and v (..., Hkv, l, Ev) their keys and
     values. k and v are appended to ``cache``; then the queries attend all S cached keys with the causal mask

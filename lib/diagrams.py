@@ -253,7 +253,7 @@ def saturation(score_rows, labels):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# chapter 10: the ring's schedule, which key block each rank holds at each step and the causal work it does
+# chapter 11: the ring's schedule, which key block each rank holds at each step and the causal work it does
 
 
 def ring_schedule(counts, titles, *, tile=64):
@@ -592,7 +592,7 @@ def head_split(q, heads, merged, *, unit=0.09):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapter 9: from one head to a model
+# Chapter 10: from one head to a model
 # --------------------------------------------------------------------------------------------------------------
 
 _HEAD_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
@@ -611,7 +611,7 @@ def _cells(ax, x0, y0, rows, cols, colour_of, cell=1.0, label=None):
 
 
 def split_merge_heads(n, d_model, n_heads):
-    """Chapter 9: one sequence's queries (n, d_model) cut into heads by a reshape and a transpose, then merged.
+    """Chapter 10: one sequence's queries (n, d_model) cut into heads by a reshape and a transpose, then merged.
 
     Columns are coloured by the head that owns them; the middle panel shows the (h, n, d_head) stack that
     attention sees, one (n, d_head) matrix per head; the right panel the merge, every token's heads side by side.
@@ -654,7 +654,7 @@ def split_merge_heads(n, d_model, n_heads):
 
 
 def decoder_block(d_model, n_heads, n_kv_heads, d_ff, n_layers):
-    """Chapter 9: the pre-norm residual block, the residual stream down the middle and two branches that add to it."""
+    """Chapter 10: the pre-norm residual block, the residual stream down the middle and two branches that add to it."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 

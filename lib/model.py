@@ -1,6 +1,6 @@
 """A decoder you can run: rotary attention, a pre-norm residual block, a tiny language model, and ``generate``.
 
-Chapter 9 builds these from the library's parts: the heads of :class:`lib.nn.TorchMultiHeadAttention`, the
+Chapter 10 builds these from the library's parts: the heads of :class:`lib.nn.TorchMultiHeadAttention`, the
 rotary positions of :mod:`lib.positions`, and one :class:`lib.decoding.KVCache` per layer. Everything is causal
 (a decoder), so a new token's keys and values never change once computed and decoding with a cache gives the same
 logits as running the whole sequence again; :func:`generate` does either, and the tests check that they agree.
@@ -34,7 +34,7 @@ def _check_int(name, value, low):
 
 
 class CausalSelfAttention(TorchMultiHeadAttention):
-    """Causal multi-head self-attention with RoPE on queries and keys: x (B, L, D) -> (B, L, D) (chapter 9).
+    """Causal multi-head self-attention with RoPE on queries and keys: x (B, L, D) -> (B, L, D) (chapter 10).
 
     :class:`lib.nn.TorchMultiHeadAttention` with ``causal=True`` and, with ``rope=True``, a ``rotate`` hook that
     turns queries and keys by their positions before the keys enter the cache (:func:`lib.positions.apply_rope`),
@@ -94,7 +94,7 @@ class CausalSelfAttention(TorchMultiHeadAttention):
 
 
 class MLP(nn.Module):
-    """The feed-forward half of a block: Linear(D, d_ff), GELU, Linear(d_ff, D), applied to each token (chapter 9)."""
+    """The feed-forward half of a block: Linear(D, d_ff), GELU, Linear(d_ff, D), applied to each token (chapter 10)."""
 
     def __init__(self, d_model, d_ff, *, device=None, dtype=None):
         super().__init__()
@@ -106,7 +106,7 @@ class MLP(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """A pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x)) (chapter 9).
+    """A pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x)) (chapter 10).
 
     Pre-norm (the norm inside the branch, as GPT-2 and Llama place it) leaves the residual stream a plain sum of
     what every branch wrote, which is what lets one layer's head read another's output. ``d_ff=0`` drops the MLP,
@@ -132,7 +132,7 @@ class DecoderBlock(nn.Module):
 
 
 class TinyLM(nn.Module):
-    """A decoder-only language model: tokens (B, L) -> next-token logits (B, L, V) (chapter 9).
+    """A decoder-only language model: tokens (B, L) -> next-token logits (B, L, V) (chapter 10).
 
     Token embedding, ``n_layers`` :class:`DecoderBlock`, a final LayerNorm and a linear read-out to the
     vocabulary. Positions enter only through RoPE in every attention layer. With ``caches`` (one

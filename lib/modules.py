@@ -1,11 +1,11 @@
-"""Attention as modules: learned projections around :func:`lib.attention.attention` (chapters 6 and 9).
+"""Attention as modules: learned projections around :func:`lib.attention.attention` (chapters 6 and 10).
 
 Two pairs of mirrored twins with the same parameter names and the same arithmetic::
 
     SelfAttention            NumPy, one head, forward only (no gradients, no dropout)  ch. 6
     TorchSelfAttention       its torch.nn.Module twin: trainable, dropout, any device
     MultiHeadAttention       NumPy, h heads (grouped-query if n_kv_heads < n_heads),
-                             a KV cache                                                ch. 9
+                             a KV cache                                                ch. 10
     TorchMultiHeadAttention  its twin, calling scaled_dot_product_attention on 4-D inputs
 
 The NumPy twins live here, and this module imports without torch. The ``torch.nn`` twins live in :mod:`lib.nn`,
@@ -186,7 +186,7 @@ def _load_numpy_state(module, state, expected):
 
 
 def split_heads(x, n_heads):
-    """(..., L, H·d) -> (..., H, L, d): head i gets columns i·d to (i+1)·d - 1 of the last axis (chapter 9).
+    """(..., L, H·d) -> (..., H, L, d): head i gets columns i·d to (i+1)·d - 1 of the last axis (chapter 10).
 
     The reshape cuts each token's row into H pieces of d; the transpose then moves the head axis in front of the
     token axis, so that every head's (L, d) block is one matrix of a batch. NumPy arrays or torch tensors.
@@ -201,7 +201,7 @@ def split_heads(x, n_heads):
 
 
 def merge_heads(x):
-    """(..., H, L, d) -> (..., L, H·d), the inverse of :func:`split_heads`: each token's heads side by side (chapter 9)."""
+    """(..., H, L, d) -> (..., L, H·d), the inverse of :func:`split_heads`: each token's heads side by side (chapter 10)."""
     if x.ndim < 3:
         raise ValueError(f"x must have shape (..., H, L, d), at least 3-D; got shape {tuple(x.shape)}")
     *batch, H, L, d = x.shape
@@ -297,7 +297,7 @@ def _grouped(q, k, v, mask, return_weights, dropout=None):
 
 
 def grouped_attention(q, k, v, mask=None, *, causal=False, return_weights=False):
-    """Attention of H query heads on Hkv key/value heads, Hkv dividing H: output (..., H, L, Ev) (chapter 9).
+    """Attention of H query heads on Hkv key/value heads, Hkv dividing H: output (..., H, L, Ev) (chapter 10).
 
     q (..., H, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev), NumPy or torch. Query head i reads key/value head
     i // (H / Hkv), as ``scaled_dot_product_attention(..., enable_gqa=True)`` does and as ``repeat_interleave`` of
@@ -435,7 +435,7 @@ class SelfAttention:
 
 
 class MultiHeadAttention:
-    """Multi-head attention in NumPy: x (..., L, D) -> output (..., L, D) (chapter 9).
+    """Multi-head attention in NumPy: x (..., L, D) -> output (..., L, D) (chapter 10).
 
     ``n_heads`` heads of size d = D / H attend side by side, each on its own d columns of the projections; their
     outputs, concatenated back to D columns, go through w_o. ``n_kv_heads`` (default ``n_heads``) below

@@ -1,9 +1,9 @@
-"""Attention as ``torch.nn`` modules (chapters 6 and 9): the torch twins of :mod:`lib.modules`' NumPy classes::
+"""Attention as ``torch.nn`` modules (chapters 6 and 10): the torch twins of :mod:`lib.modules`' NumPy classes::
 
     TorchSelfAttention       one head, trainable, dropout, any device and dtype    ch. 6
     TorchMultiHeadAttention  h heads (grouped-query if n_kv_heads < n_heads), a KV
                              cache, calling scaled_dot_product_attention on 4-D
-                             inputs                                                 ch. 9
+                             inputs                                                 ch. 10
     to_multihead_attention, from_multihead_attention
                              conversions to and from torch.nn.MultiheadAttention
 
@@ -115,7 +115,7 @@ class TorchSelfAttention(nn.Module):
 
 
 class TorchMultiHeadAttention(nn.Module):
-    """Multi-head attention as a ``torch.nn.Module``: x (..., L, D) -> output (..., L, D) (chapter 9).
+    """Multi-head attention as a ``torch.nn.Module``: x (..., L, D) -> output (..., L, D) (chapter 10).
 
     The twin of :class:`lib.modules.MultiHeadAttention`: same arguments, parameter names (w_q, w_k, w_v, w_o),
     (in, out) layout and Xavier initialisation, drawn from torch's global generator. The heads go to

@@ -1,4 +1,4 @@
-"""Word order inside the dot product: rotary position embeddings and ALiBi (chapter 9).
+"""Word order inside the dot product: rotary position embeddings and ALiBi (chapter 10).
 
 Attention alone cannot see word order (chapter 2): permuting the tokens permutes the outputs. A learned table of
 position vectors added to the tokens is one fix. The two here put the position into the score itself, so that the
@@ -35,7 +35,7 @@ def _check_base(base):
 
 
 def rope_frequencies(size, base=10000.0):
-    """The angle per position of each coordinate pair, θ_i = base^(-2i/size), i = 0 .. size/2 - 1 (chapter 9).
+    """The angle per position of each coordinate pair, θ_i = base^(-2i/size), i = 0 .. size/2 - 1 (chapter 10).
 
     Pair 0 turns by one radian per position, the last pair by nearly base^-1: fast pairs tell near positions
     apart, slow pairs far ones. Returned as a float64 NumPy array of size/2 angles.
@@ -47,7 +47,7 @@ def rope_frequencies(size, base=10000.0):
 
 
 def apply_rope(x, positions=None, *, offset=0, base=10000.0):
-    """x (..., L, E) with coordinate pairs (2i, 2i+1) of row l rotated by positions[l]·θ_i (chapter 9).
+    """x (..., L, E) with coordinate pairs (2i, 2i+1) of row l rotated by positions[l]·θ_i (chapter 10).
 
     ``positions`` defaults to offset, offset + 1, ..., offset + L - 1; decoding with a cache passes
     ``offset=len(cache)``, the new tokens' place after those already cached. The pairs are adjacent coordinates,
@@ -96,7 +96,7 @@ def apply_rope(x, positions=None, *, offset=0, base=10000.0):
 
 
 def alibi_slopes(n_heads):
-    """ALiBi's slope per head: 2^(-8/n), 2^(-16/n), ..., 2^(-8) for n heads, a power of two (chapter 9).
+    """ALiBi's slope per head: 2^(-8/n), 2^(-16/n), ..., 2^(-8) for n heads, a power of two (chapter 10).
 
     For other head counts the paper takes the slopes of the power of two below and fills in every other slope of
     the power of two above; so does this function. Float64 NumPy array of n_heads slopes.
@@ -115,7 +115,7 @@ def alibi_slopes(n_heads):
 
 
 def alibi_bias(n_heads, L, S=None, *, like=None):
-    """The ALiBi scores' bias (H, L, S): -slope_h·(i - j) where key j may be seen, -inf where not (chapter 9).
+    """The ALiBi scores' bias (H, L, S): -slope_h·(i - j) where key j may be seen, -inf where not (chapter 10).
 
     Query i is token S - L + i (aligned bottom-right, as a decode step with a cache needs), and may see keys
     j <= S - L + i. Add it to the scores as a floating mask: ``attn.attention(q, k, v, alibi_bias(H, L, S))``

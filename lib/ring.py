@@ -1,4 +1,4 @@
-"""Attention across processes (chapter 10): ring attention and all-to-all ("Ulysses") on ``torch.distributed``.
+"""Attention across processes (chapter 11): ring attention and all-to-all ("Ulysses") on ``torch.distributed``.
 
 A sequence of N tokens is split over the P ranks of a process group; each rank holds one shard of n = N/P query,
 key and value rows, q (..., n, E), k (..., n, E), v (..., n, Ev), and gets back the attention output of its own
@@ -14,7 +14,7 @@ queries over all N keys, (..., n, Ev). The same code runs on gloo (CPU processes
 Layouts say which tokens a rank holds. ``"contiguous"``: rank r holds tokens [r n, (r+1) n). ``"zigzag"``: the
 sequence is cut into 2P chunks and rank r holds chunks r and 2P-1-r, so with a causal mask every rank has the same
 work. :func:`shard` and :func:`unshard` convert between a whole sequence and its shards. :func:`launch` starts P
-worker processes from a script or a notebook, and :func:`run_cases` is the worker that chapter 10 and the tests
+worker processes from a script or a notebook, and :func:`run_cases` is the worker that chapter 11 and the tests
 give it. :func:`sent_bytes_per_rank` is the formula for the bytes each scheme sends, which :func:`bytes_sent`
 counts as they go; :func:`causal_tile_counts` counts the causal work of each rank at each step, and
 :func:`hiding_block` predicts how long a block must be for its compute to hide its transfer. Shapes as in
@@ -284,7 +284,7 @@ def reset_bytes_sent():
 
 
 def sent_bytes_per_rank(scheme, N, world_size, *, batch_heads, E, Ev=None, itemsize=4, backward=False):
-    """Bytes one rank sends in one call of ``scheme`` ("ring" or "ulysses"), from the formula (chapter 10).
+    """Bytes one rank sends in one call of ``scheme`` ("ring" or "ulysses"), from the formula (chapter 11).
 
     N tokens over P ranks, ``batch_heads`` = the product of the batch dims (batch x heads), ``itemsize`` bytes a
     number. Ring forward: P-1 key/value blocks of n = N/P rows, (P-1) n (E+Ev) numbers per (batch, head). Ring
@@ -311,7 +311,7 @@ NVLINK_BYTES_PER_S = {"H100": 450e9, "H200": 450e9, "A100": 300e9}
 
 
 def hiding_block(gpu_name):
-    """Tokens per rank above which a ring step's compute outlasts its transfer, at datasheet rates (chapter 10).
+    """Tokens per rank above which a ring step's compute outlasts its transfer, at datasheet rates (chapter 11).
 
     One step, per head: the block's attention, 4 n² E FLOPs on the tensor cores (two matrix products, no mask),
     against passing its keys and values on, 2 n E numbers of 2 bytes (bfloat16) over NVLink in one direction. The
@@ -553,7 +553,7 @@ class _HeadsToSeq(torch.autograd.Function):
 
 
 def ulysses_attention(q, k, v, *, causal=False, scale=None, group=None):
-    """Attention over the whole sequence by re-sharding heads with two all-to-alls ("Ulysses", chapter 10).
+    """Attention over the whole sequence by re-sharding heads with two all-to-alls ("Ulysses", chapter 11).
 
     q (..., H, n, E), k (..., H, n, E), v (..., H, n, Ev): this rank's contiguous shard of the sequence for all H
     heads, H a multiple of the group's size P. An all-to-all gives each rank all N tokens of H/P heads, it runs
@@ -714,7 +714,7 @@ def launch(fn, world_size, *args, timeout=60.0, backend="gloo"):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# A worker that checks both schemes (chapter 10 and the tests run it)
+# A worker that checks both schemes (chapter 11 and the tests run it)
 # --------------------------------------------------------------------------------------------------------------
 
 

@@ -334,7 +334,7 @@ def test_unknown_attribute_is_an_attribute_error():
 
 
 # ================================================================================================================
-# Multi-head attention (chapter 9)
+# Multi-head attention (chapter 10)
 # ================================================================================================================
 
 
@@ -922,7 +922,7 @@ def test_sdpa_path_equals_the_grouped_arithmetic_for_any_cache_mask_and_alignmen
 @pytest.mark.gpu
 @pytest.mark.parametrize("n_kv", [8, 2])
 def test_decode_chunks_and_masked_gqa_stay_off_the_math_kernel_on_cuda(n_kv):
-    # The cases chapter 9 teaches; before, a dense mask (with enable_gqa under GQA) sent them to the math kernel.
+    # The cases chapter 10 teaches; before, a dense mask (with enable_gqa under GQA) sent them to the math kernel.
     torch.manual_seed(0)
     mod = TorchMultiHeadAttention(512, 8, n_kv, device="cuda", dtype=torch.float16).eval()
     x = torch.randn(2, 256, 512, device="cuda", dtype=torch.float16)
