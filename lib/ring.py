@@ -15,10 +15,11 @@ Layouts say which tokens a rank holds. ``"contiguous"``: rank r holds tokens [r 
 sequence is cut into 2P chunks and rank r holds chunks r and 2P-1-r, so with a causal mask every rank has the same
 work. :func:`shard` and :func:`unshard` convert between a whole sequence and its shards. :func:`launch` starts P
 worker processes from a script or a notebook, and :func:`run_cases` is the worker that chapter 11 and the tests
-give it. :func:`sent_bytes_per_rank` is the formula for the bytes each scheme sends, which :func:`bytes_sent`
-counts as they go; :func:`causal_tile_counts` counts the causal work of each rank at each step, and
-:func:`hiding_block` predicts how long a block must be for its compute to hide its transfer. Shapes as in
-:mod:`lib.attention`; masks are causal only (top-left, as ``is_causal=True``, over global positions).
+give it. :func:`sent_bytes_per_rank` is the formula for the bytes each scheme sends, grouped-query heads included
+(:func:`sent_bytes_per_layer` for a model's configuration), which :func:`bytes_sent` counts as they go;
+:func:`causal_tile_counts` counts the causal work of each rank at each step, and :func:`hiding_block` predicts how
+long a block must be for its compute to hide its transfer. Shapes as in :mod:`lib.attention`; masks are causal
+only (top-left, as ``is_causal=True``, over global positions).
 """
 
 from __future__ import annotations
