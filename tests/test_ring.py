@@ -444,3 +444,19 @@ def test_grouped_heads_and_achieved_rates_lower_the_hiding_block_and_the_backwar
     # backward step: 5 products (10 G n^2 E FLOPs) against bf16 keys and values and fp32 gradients (12 n E bytes)
     n = ring.hiding_block("H100", backward=True)
     assert 10 * n**2 * 128 / 989.4e12 == pytest.approx(12 * n * 128 / 450e9)
+
+
+@pytest.mark.parametrize("layout", ring.LAYOUTS)
+@pytest.mark.parametrize("P", [2, 4, 8])
+def test_the_step_by_step_schedule_computes_each_causal_tile_once_as_the_counts_say(layout, P):
+    from lib.diagrams import ring_step_tiles
+
+    steps = ring_step_tiles(4096, P, layout)  # (step, query tile, key tile): the rank computing it, or -1
+    T = 4096 // 64
+    assert steps.shape == (P, T, T)
+    computed = (steps >= 0).sum(axis=0)
+    assert (computed == np.tril(np.ones((T, T), dtype=int))).all()  # every tile on or below the diagonal, once
+    drawn = [[int((steps[t] == r).sum()) for r in range(P)] for t in range(P)]
+    assert drawn == ring.causal_tile_counts(4096, P, layout)
+    with pytest.raises(ValueError, match="straddle two ranks"):
+        ring_step_tiles(96, 2, layout, tile=32)
