@@ -253,7 +253,8 @@ def saturation(score_rows, labels):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# chapter 11: the ring's schedule, which key block each rank holds at each step and the causal work it does
+# chapter 11: two states merging, split-KV waves on the SMs, the ring step by step and its schedule, the all-to-all,
+# a paged cache's block table
 
 
 def ring_schedule(counts, titles, *, tile=64):
@@ -293,6 +294,252 @@ def ring_schedule(counts, titles, *, tile=64):
                      f"against {ideal:g} ideal ({slowest.sum() / ideal:.2f}x)", fontsize=10)
     fig.colorbar(image, ax=axes[0].tolist(), label=f"{tile}x{tile} tiles computed", shrink=0.9)
     return fig
+
+
+def state_merge(out_a, lse_a, out_b, lse_b, out, lse, *, keys_a="keys 0-3", keys_b="keys 4-9"):
+    """Draw the merge of two attention states, one query row a line (chapter 11).
+
+    ``out_a`` (L, Ev) and ``lse_a`` (L,) are part A's state, ``out_b`` and ``lse_b`` part B's, ``out`` and ``lse``
+    the merged state. Each row shows the two parts' outputs and logsumexps, a bar cut into the parts' weights
+    e^(lse_A - lse) and e^(lse_B - lse), which add to 1, and the merged output, their weighted average.
+    Returns the figure.
+    """
+    out_a, out_b, out = (np.asarray(x, dtype=float) for x in (out_a, out_b, out))
+    lse_a, lse_b, lse = (np.asarray(x, dtype=float).reshape(-1) for x in (lse_a, lse_b, lse))
+    L = out.shape[0]
+    row_h, top = 0.95, 0.95 * L + 0.9
+    fig, ax = _canvas(10.4, top + 0.35)
+    cols = {"a": (0.75, 2.25), "b": (3.2, 2.25), "bar": (5.75, 2.3), "out": (8.45, 1.85)}
+    heads = {"a": f"part A ({keys_a})", "b": f"part B ({keys_b})",
+             "bar": "weights $e^{\\mathrm{lse}_A-\\mathrm{lse}}$ + $e^{\\mathrm{lse}_B-\\mathrm{lse}}$ = 1",
+             "out": "merged state"}
+    for name, (x, w) in cols.items():
+        ax.text(x + w / 2, top + 0.05, heads[name], ha="center", fontsize=10.5)
+    for i in range(L):
+        y = top - (i + 1) * row_h
+        ax.text(0.05, y + 0.4, f"row {i}", va="center", fontsize=10)
+        for name, o, s, colour in (("a", out_a, lse_a, "#E8F1F8"), ("b", out_b, lse_b, "#FDF1DC")):
+            x, w = cols[name]
+            _box(ax, x, y + 0.05, w, 0.7, f"o = {_numbers(o[i], 3)}\nlse = {s[i]:+.3f}", face=colour, size=8.5)
+        x, w = cols["bar"]
+        wa = float(np.exp(lse_a[i] - lse[i]))
+        _box(ax, x, y + 0.2, w * wa, 0.4, face=BLUE, edge=BLUE)
+        _box(ax, x + w * wa, y + 0.2, w * (1 - wa), 0.4, face=ORANGE, edge=ORANGE)
+        ax.text(x + 0.05, y + 0.4, f"{wa:.3f}", va="center", fontsize=9, color="white", family="monospace")
+        ax.text(x + w - 0.05, y + 0.4, f"{1 - wa:.3f}", va="center", ha="right", fontsize=9, family="monospace")
+        _arrow(ax, (cols["b"][0] + cols["b"][1] + 0.05, y + 0.4), (x - 0.05, y + 0.4))
+        _arrow(ax, (x + w + 0.05, y + 0.4), (cols["out"][0] - 0.05, y + 0.4), colour=GREEN)
+        x, w = cols["out"]
+        _box(ax, x, y + 0.05, w, 0.7, f"o = {_numbers(out[i], 3)}\nlse = {lse[i]:+.3f}", face="#E6F4EF", size=8.5)
+    ax.text(0.05, 0.12, "lse = log(e^lse_A + e^lse_B); o = (weight of A) o_A + (weight of B) o_B: "
+            "an average of the parts' outputs, weighted by their shares of the row's total", fontsize=8.5,
+            color="0.3")
+    return fig
+
+
+def split_kv_waves(programs, splits, sms, *, columns=12):
+    """Draw the SMs of a GPU, wave by wave, as split-KV decoding fills them (chapter 11).
+
+    ``programs`` is the number of programs for one slice (one per key/value head), ``splits`` a list of slice
+    counts, one row of panels each, ``sms`` the GPU's SM count. Each panel is one wave: an SM is coloured by the
+    key/value head whose program it runs, or left white when idle; the row's title gives programs, waves and the
+    share of SMs kept busy. Returns the figure.
+    """
+    import matplotlib as mpl
+    import matplotlib.pyplot as plt
+
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    splits = [int(s) for s in splits]
+    waves = [-(-programs * s // sms) for s in splits]
+    rows = -(-sms // columns)
+    fig, axes = plt.subplots(len(splits), max(waves), figsize=(3.1 * max(waves) + 0.6, 2.35 * len(splits)),
+                             squeeze=False, layout="constrained")
+    colours = mpl.colormaps["viridis"](np.linspace(0, 0.9, programs))
+    for row, (s, w) in enumerate(zip(splits, waves)):
+        p = programs * s
+        busy = p / (w * sms)
+        for wave in range(max(waves)):
+            ax = axes[row, wave]
+            ax.set_xlim(0, columns)
+            ax.set_ylim(rows, 0)
+            ax.set_aspect("equal")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.grid(False)
+            if wave >= w:
+                ax.set_axis_off()
+                continue
+            for sm in range(sms):
+                job = wave * sms + sm  # programs go to the SMs in order: head h's slices are h*s ... h*s+s-1
+                face = colours[job // s] if job < p else "white"
+                ax.add_patch(mpl.patches.Rectangle((sm % columns, sm // columns), 1, 1, facecolor=face,
+                                                   edgecolor="0.6", linewidth=0.4))
+            used = min(sms, p - wave * sms)
+            ax.set_title(f"wave {wave + 1}: {used} of {sms} SMs busy", fontsize=9)
+        axes[row, 0].set_ylabel(f"{s} slice{'s' if s > 1 else ''}\n{p} programs\n{busy:.2f} busy", fontsize=9.5,
+                                rotation=0, ha="right", va="center")
+    fig.suptitle(f"{sms} SMs, one program each; colour = the key/value head of its program, white = idle",
+                 fontsize=9.5)
+    return fig
+
+
+def ring_step_tiles(N, world_size, layout="contiguous", *, tile=64):
+    """The causal ring's work step by step: an int array (P, T, T), T = N/tile, for :func:`ring_steps` (chapter 11).
+
+    Entry [t, i, j] is the rank that computes (query tile i, key tile j) of the whole attention matrix at ring step
+    t, or -1 if no rank computes it then. Query tile i belongs to the rank holding its tokens
+    (:func:`lib.ring.positions`); that rank meets key tile j's block at step (rank(i) - rank(j)) mod P, and computes
+    the pair only if some key is at or before some query (j <= i), as :func:`lib.ring.causal_tile_counts` counts.
+    """
+    from lib import ring
+
+    P = world_size
+    if N % tile:
+        raise ValueError(f"N={N} does not cut into tiles of {tile}")
+    owner = np.empty(N, dtype=int)
+    for r in range(P):
+        owner[ring.positions(N, r, P, layout).numpy()] = r
+    T = N // tile
+    tiles = owner.reshape(T, tile)
+    if (tiles != tiles[:, :1]).any():
+        raise ValueError(f"tiles of {tile} tokens straddle two ranks in the {layout} layout")
+    rank = tiles[:, 0]  # (T,) the rank that holds each tile
+    step = (rank[:, None] - rank[None, :]) % P  # (T, T): when query tile i meets key tile j
+    causal = np.tril(np.ones((T, T), dtype=bool))
+    return np.stack([np.where(causal & (step == t), rank[:, None], -1) for t in range(P)])  # (P, T, T)
+
+
+def ring_steps(schedules, titles):
+    """Draw the causal ring step by step (chapter 11): one row per layout, one panel per step.
+
+    ``schedules`` are arrays from :func:`ring_step_tiles`. Each panel is the whole attention matrix (query tiles
+    down, key tiles across); the tiles computed at that step are coloured by the rank that computes them, the
+    tiles of other steps are pale grey and the masked future is white. Under each panel, each rank's tile count at
+    that step. Returns the figure.
+    """
+    import matplotlib as mpl
+    import matplotlib.pyplot as plt
+
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    if len(titles) != len(schedules):
+        raise ValueError(f"{len(schedules)} schedules but {len(titles)} titles")
+    P, T, _ = np.asarray(schedules[0]).shape
+    palette = mpl.colormaps["viridis"](np.linspace(0, 0.92, P))
+    fig, axes = plt.subplots(len(schedules), P, figsize=(2.45 * P + 0.4, 2.75 * len(schedules)), squeeze=False,
+                             layout="constrained")
+    for row, (schedule, title) in enumerate(zip(schedules, titles)):
+        schedule = np.asarray(schedule)
+        done = (schedule >= 0).any(axis=0)  # (T, T) every computed tile, at any step
+        for t in range(P):
+            image = np.ones((T, T, 4))
+            image[done] = (0.88, 0.88, 0.88, 1.0)
+            now = schedule[t] >= 0
+            image[now] = palette[schedule[t][now]]
+            ax = axes[row, t]
+            ax.imshow(image, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.grid(False)
+            counts = [int((schedule[t] == r).sum()) for r in range(P)]
+            ax.set_title(f"{title}, step {t}", fontsize=9.5)
+            ax.set_xlabel("tiles per rank: " + " ".join(map(str, counts)), fontsize=8.5)
+    handles = [mpl.patches.Patch(color=palette[r], label=f"rank {r}") for r in range(P)]
+    handles.append(mpl.patches.Patch(color=(0.88, 0.88, 0.88), label="another step"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=P + 1, fontsize=9, frameon=False)
+    return fig
+
+
+def ulysses_all_to_all(world_size, n_heads, n_kv_heads, *, model=""):
+    """Draw the all-to-all that turns sequence shards into head shards (chapter 11).
+
+    Before: rank r holds its N/P tokens of every head, q and the output with ``n_heads`` heads, k and v with
+    ``n_kv_heads``. After: it holds all N tokens of H/P query heads and Hkv/P key/value heads. Each cell (heads of one
+    rank's share, sequence shard) is coloured by the rank that holds it; the hatched cells stay home, every other
+    one crosses a link. Returns the figure.
+    """
+    import matplotlib as mpl
+
+    P = int(world_size)
+    if n_heads % P or n_kv_heads % P:
+        raise ValueError(f"{P} ranks cannot share {n_heads} query and {n_kv_heads} key/value heads evenly")
+    palette = mpl.colormaps["viridis"](np.linspace(0, 0.92, P))
+    unit = 0.42  # inches per sequence shard
+    per_head = min(0.06, 2.3 / n_heads)  # inches per head
+    fig, ax = _canvas(10.4, n_heads * per_head + 1.55)
+    base = 0.55
+    spots = {"before": 0.55, "after": 5.75}
+    for when, x0 in spots.items():
+        x = x0
+        for name, heads in (("q (and output)", n_heads), ("k, v (each)", n_kv_heads)):
+            share = heads // P
+            for shard in range(P):  # columns: sequence shards (token blocks)
+                for part in range(P):  # rows: groups of heads, the share of each rank after the all-to-all
+                    holder = shard if when == "before" else part
+                    y = base + (heads - (part + 1) * share) * per_head
+                    _box(ax, x + shard * unit, y, unit, share * per_head, face=palette[holder], edge="white")
+                    if shard == part:  # the slice that stays on its rank
+                        ax.add_patch(mpl.patches.Rectangle((x + shard * unit, y), unit, share * per_head,
+                                                           fill=False, hatch="////", edgecolor="white",
+                                                           linewidth=0))
+            ax.add_patch(mpl.patches.Rectangle((x, base), P * unit, heads * per_head, fill=False, edgecolor=INK))
+            ax.text(x + P * unit / 2, base + heads * per_head + 0.08, f"{name}: {heads} heads", ha="center",
+                    fontsize=9)
+            ax.text(x + P * unit / 2, base - 0.18, "token shards 0 to " + str(P - 1), ha="center", fontsize=8)
+            x += P * unit + 0.35
+    top = base + n_heads * per_head
+    ax.text(spots["before"], top + 0.45, "before: rank r holds its N/P tokens of every head", fontsize=10)
+    ax.text(spots["after"], top + 0.45, f"after: rank r holds all N tokens of 1/{P} of the heads", fontsize=10)
+    _arrow(ax, (4.75, base + n_heads * per_head / 2), (5.55, base + n_heads * per_head / 2), width=1.6)
+    ax.text(5.15, base + n_heads * per_head / 2 + 0.12, "all-to-all", ha="center", fontsize=9)
+    label = f"{model}: " if model else ""
+    ax.text(0.05, 0.06, f"{label}{P} ranks, colour = the rank holding the slice; hatched slices stay home, the "
+            f"other {P - 1}/{P} of each cross a link", fontsize=8.5, color="0.3")
+    return fig
+
+
+def block_table(tables, lengths, page_size, num_pages):
+    """Draw each sequence's block table, from its logical pages to the pool's physical pages (chapter 11).
+
+    ``tables`` holds one block table per sequence (physical page numbers in logical order), ``lengths`` their token
+    counts, ``page_size`` the rows of a page, ``num_pages`` the pool's size. Top: each sequence's logical pages,
+    filled to the rows they hold; bottom: the pool, each page coloured by the sequence that owns it (free pages
+    white); an arrow for each entry of each table. Returns the figure.
+    """
+    from matplotlib.colors import to_rgba
+
+    colours = [BLUE, ORANGE, GREEN, "#CC79A7"]
+    tint = [to_rgba(c, 0.45) for c in colours]
+    w, h = 0.95, 0.55
+    pool_y = 0.45
+    fig, ax = _canvas(10.4, pool_y + h + 0.75 + 1.05 * len(tables))
+    pool_x = (10.4 - num_pages * (w + 0.12)) / 2
+    owner = {page: s for s, table in enumerate(tables) for page in table}
+    for page in range(num_pages):
+        x = pool_x + page * (w + 0.12)
+        s = owner.get(page)
+        _box(ax, x, pool_y, w, h, f"page {page}" if s is not None else f"page {page}\nfree",
+             face=tint[s % 4] if s is not None else "white", size=8.5)
+    ax.text(pool_x - 0.1, pool_y + h / 2, "pool", ha="right", va="center", fontsize=10)
+    for s, (table, n) in enumerate(zip(tables, lengths)):
+        y = pool_y + h + 0.7 + (len(tables) - 1 - s) * 1.05
+        ax.text(0.1, y + h / 2, f"sequence {s}\n{n} tokens", va="center", fontsize=9.5)
+        for i, page in enumerate(table):
+            x = 1.55 + i * (w + 0.25)
+            rows = min(page_size, n - i * page_size)
+            _box(ax, x, y, w * rows / page_size, h, face=tint[s % 4], edge=tint[s % 4])
+            _box(ax, x, y, w, h, f"[{i}] -> {page}", face="none", size=8.5)
+            ax.text(x + w / 2, y + h + 0.05, f"tokens {i * page_size}-{i * page_size + rows - 1}", ha="center",
+                    fontsize=7.5)
+            _arrow(ax, (x + w / 2, y), (pool_x + page * (w + 0.12) + w / 2, pool_y + h), colour=colours[s % 4],
+                   width=0.7)
+    ax.text(10.3, 0.1, f"{page_size} rows a page, filled as shaded; token j of a sequence is row j mod {page_size} "
+            f"of page table[j // {page_size}]", ha="right", fontsize=8.5, color="0.3")
+    return fig
+
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -15,16 +15,18 @@ Layouts say which tokens a rank holds. ``"contiguous"``: rank r holds tokens [r 
 sequence is cut into 2P chunks and rank r holds chunks r and 2P-1-r, so with a causal mask every rank has the same
 work. :func:`shard` and :func:`unshard` convert between a whole sequence and its shards. :func:`launch` starts P
 worker processes from a script or a notebook, and :func:`run_cases` is the worker that chapter 11 and the tests
-give it. :func:`sent_bytes_per_rank` is the formula for the bytes each scheme sends, which :func:`bytes_sent`
-counts as they go; :func:`causal_tile_counts` counts the causal work of each rank at each step, and
-:func:`hiding_block` predicts how long a block must be for its compute to hide its transfer. Shapes as in
-:mod:`lib.attention`; masks are causal only (top-left, as ``is_causal=True``, over global positions).
+give it. :func:`sent_bytes_per_rank` is the formula for the bytes each scheme sends, grouped-query heads included
+(:func:`sent_bytes_per_layer` for a model's configuration), which :func:`bytes_sent` counts as they go;
+:func:`causal_tile_counts` counts the causal work of each rank at each step, and :func:`hiding_block` predicts how
+long a block must be for its compute to hide its transfer. Shapes as in :mod:`lib.attention`; masks are causal
+only (top-left, as ``is_causal=True``, over global positions).
 """
 
 from __future__ import annotations
 
 import datetime
 import math
+import numbers
 import os
 import pathlib
 import struct
@@ -47,6 +49,7 @@ __all__ = [
     "reset_bytes_sent",
     "ring_attention",
     "run_cases",
+    "sent_bytes_per_layer",
     "sent_bytes_per_rank",
     "shard",
     "ulysses_attention",
@@ -283,26 +286,68 @@ def reset_bytes_sent():
     _SENT["bytes"] = 0
 
 
-def sent_bytes_per_rank(scheme, N, world_size, *, batch_heads, E, Ev=None, itemsize=4, backward=False):
+def _positive_int(name, n):
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {n!r}")
+    return int(n)
+
+
+def sent_bytes_per_rank(scheme, N, world_size, *, batch_heads, E, Ev=None, batch_kv_heads=None, itemsize=4,
+                        backward=False):
     """Bytes one rank sends in one call of ``scheme`` ("ring" or "ulysses"), from the formula (chapter 11).
 
-    N tokens over P ranks, ``batch_heads`` = the product of the batch dims (batch x heads), ``itemsize`` bytes a
-    number. Ring forward: P-1 key/value blocks of n = N/P rows, (P-1) n (E+Ev) numbers per (batch, head). Ring
-    backward: the P-1 key/value blocks again and P blocks of their gradients. Ulysses forward: all-to-alls of q, k,
-    v and then of the output, each keeping 1/P of its shard at home, (P-1)/P n (2E + 2Ev); backward the same.
+    N tokens over P ranks, n = N/P a rank. ``batch_heads`` is the product of q's batch dims (batch x query heads),
+    ``batch_kv_heads`` that of k's and v's (batch x key/value heads; with grouped-query attention G times fewer;
+    default ``batch_heads``), ``itemsize`` bytes a number. Per key/value head, the ring's forward sends P-1
+    key/value blocks of n rows, (P-1) n (E+Ev) numbers; its backward the P-1 blocks again and P blocks of their
+    gradients. Ulysses' all-to-alls keep 1/P of each shard at home: forward q and the output per query head and k
+    and v per key/value head, (P-1)/P n (E+Ev) each; its backward the same again. So with E = Ev the ring sends
+    P/(G+1) times the all-to-all's bytes forward: less than the all-to-all while P < G+1.
     :func:`ring_attention` sends half precision as float32 (the dtype it computes in: pass ``itemsize=4``);
     :func:`ulysses_attention` sends the caller's dtype.
     """
-    Ev = E if Ev is None else Ev
-    P = world_size
+    if scheme not in ("ring", "ulysses"):
+        raise ValueError(f"scheme must be 'ring' or 'ulysses', got {scheme!r}")
+    P, N = _positive_int("world_size", world_size), _positive_int("N", N)
+    if N % P:
+        raise ValueError(f"N={N} tokens do not split evenly over world_size={P} ranks")
+    E, itemsize = _positive_int("E", E), _positive_int("itemsize", itemsize)
+    Ev = E if Ev is None else _positive_int("Ev", Ev)
+    heads = _positive_int("batch_heads", batch_heads)
+    kv_heads = heads if batch_kv_heads is None else _positive_int("batch_kv_heads", batch_kv_heads)
     n = N // P
     if scheme == "ring":
-        rows = (P - 1) * n * (E + Ev) + (((P - 1) + P) * n * (E + Ev) if backward and P > 1 else 0)
-    elif scheme == "ulysses":
-        rows = (P - 1) * n * (2 * E + 2 * Ev) // P * (2 if backward else 1)
+        blocks = (P - 1) + ((P - 1) + P if backward and P > 1 else 0)  # key/value blocks, then their gradients
+        numbers = blocks * n * kv_heads * (E + Ev)
     else:
-        raise ValueError(f"scheme must be 'ring' or 'ulysses', got {scheme!r}")
-    return rows * batch_heads * itemsize
+        for name, count in (("batch_heads", heads), ("batch_kv_heads", kv_heads)):
+            if count % P:
+                raise ValueError(f"the all-to-all splits the heads over the {P} ranks, but {name}={count} is "
+                                 f"not a multiple of {P} (copy the key/value heads, or use fewer ranks)")
+        numbers = (P - 1) * n * (heads + kv_heads) * (E + Ev) // P * (2 if backward else 1)
+    return numbers * itemsize
+
+
+def sent_bytes_per_layer(scheme, model, N, world_size, *, batch=1, itemsize=2, backward=False):
+    """Bytes one rank sends for one attention layer of ``model`` (a :class:`lib.cost.Transformer` or its name).
+
+    :func:`sent_bytes_per_rank` with the model's query heads, key/value heads (``n_kv_heads``) and head size, for
+    ``batch`` sequences of N tokens over ``world_size`` ranks, ``itemsize`` bytes a number (2: bfloat16, as fused
+    kernels send). The all-to-all cannot give P ranks a share of fewer than P key/value heads without copying
+    them, so it refuses ``world_size`` above ``n_kv_heads``.
+    """
+    from lib import cost
+
+    shape = cost.model(model) if isinstance(model, str) else model
+    if not isinstance(shape, cost.Transformer):
+        raise TypeError(f"model must be a lib.cost.Transformer or one of {', '.join(cost.MODELS)}, got "
+                        f"{type(model).__name__}")
+    batch, P = _positive_int("batch", batch), _positive_int("world_size", world_size)
+    if scheme == "ulysses" and (shape.n_kv_heads % P or shape.n_heads % P):
+        raise ValueError(f"the all-to-all gives each of {P} ranks a share of {shape.name}'s {shape.n_heads} query "
+                         f"and {shape.n_kv_heads} key/value heads: world_size must divide both")
+    return sent_bytes_per_rank(scheme, N, world_size, batch_heads=batch * shape.n_heads, E=shape.d_head,
+                               batch_kv_heads=batch * shape.n_kv_heads, itemsize=itemsize, backward=backward)
 
 
 # NVLink between the SXM parts, one direction (NVIDIA's datasheets give both directions together: 900 GB/s for the
@@ -310,21 +355,28 @@ def sent_bytes_per_rank(scheme, N, world_size, *, batch_heads, E, Ev=None, items
 NVLINK_BYTES_PER_S = {"H100": 450e9, "H200": 450e9, "A100": 300e9}
 
 
-def hiding_block(gpu_name):
-    """Tokens per rank above which a ring step's compute outlasts its transfer, at datasheet rates (chapter 11).
+def hiding_block(gpu_name, *, group=1, flops_per_s=None, backward=False):
+    """Tokens per rank above which a ring step's compute outlasts its transfer (chapter 11): a prediction.
 
-    One step, per head: the block's attention, 4 n² E FLOPs on the tensor cores (two matrix products, no mask),
-    against passing its keys and values on, 2 n E numbers of 2 bytes (bfloat16) over NVLink in one direction. The
-    two take equal time at n = FLOPs per second / link bytes per second, whatever E and the head count, when every
-    query head has its own key/value head (with G query heads a key/value head, divide by G); a causal step that
-    computes half a block needs twice that. This models a ring that sends bfloat16, as fused implementations do;
-    :func:`ring_attention` sends half precision as float32, twice the bytes. A prediction from datasheet rates, not a measurement.
+    One forward step, per key/value head: the block's attention for its G = ``group`` query heads, 4 G n² E FLOPs
+    on the tensor cores (two matrix products, no mask), against passing its keys and values on, 2 n E numbers of 2
+    bytes (bfloat16) over NVLink in one direction. The two take equal time at n = F / (G B), whatever E, with F
+    the FLOP rate (``flops_per_s``; default the datasheet's dense tensor rate, which no attention kernel reaches)
+    and B the link's bytes per second. With ``backward`` the step of the backward ring: five products (2.5 times
+    the FLOPs) against the keys and values in bfloat16 and their gradients in float32 (three times the bytes), so
+    1.2 times the forward's threshold. A causal step that computes half a block needs twice either. This models a
+    ring that sends bfloat16, as fused implementations do; :func:`ring_attention` sends half precision as float32.
     """
     from lib import cost
 
     if gpu_name not in NVLINK_BYTES_PER_S:
         raise ValueError(f"no NVLink rate for {gpu_name!r}; known: {', '.join(NVLINK_BYTES_PER_S)}")
-    return cost.gpu(gpu_name).tensor_flops / NVLINK_BYTES_PER_S[gpu_name]
+    group = _positive_int("group", group)
+    flops = cost.gpu(gpu_name).tensor_flops if flops_per_s is None else flops_per_s
+    if isinstance(flops, bool) or not isinstance(flops, numbers.Real) or not 0 < flops < math.inf:
+        raise ValueError(f"flops_per_s must be a positive number, got {flops_per_s!r}")
+    forward = flops / (group * NVLINK_BYTES_PER_S[gpu_name])
+    return forward * (3 / 2.5 if backward else 1.0)  # three times the bytes for 2.5 times the FLOPs
 
 
 def _exchange(tensors, send_to, recv_from, group):

@@ -359,3 +359,104 @@ def test_hiding_block_is_flops_over_link_bandwidth():
     assert 4 * n**2 * E / F_h100 == pytest.approx(2 * n * E * 2 / B_h100)
     with pytest.raises(ValueError, match="no NVLink rate for 'T4'"):
         ring.hiding_block("T4")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Bytes with grouped-query heads: the ring carries key/value heads only, the all-to-all query heads too
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("P, ratio", [(2, Fraction(2, 5)), (4, Fraction(4, 5)), (8, Fraction(8, 5))])
+def test_with_grouped_heads_the_ring_sends_p_over_g_plus_1_of_the_all_to_alls_bytes(P, ratio):
+    # Llama 3 8B: 32 query heads share 8 key/value heads (G = 4) of 128 numbers
+    ring_bytes = ring.sent_bytes_per_layer("ring", "Llama-3-8B", 131_072, P)
+    ulysses_bytes = ring.sent_bytes_per_layer("ulysses", "Llama-3-8B", 131_072, P)
+    assert Fraction(ring_bytes, ulysses_bytes) == ratio
+    assert (ring_bytes < ulysses_bytes) == (P < 5)  # the ring sends less up to P = G = 4
+    n = 131_072 // P
+    assert ring_bytes == (P - 1) * n * 8 * 2 * 128 * 2  # P-1 blocks of keys and values, 8 heads, bfloat16
+    # every query head with its own key/value head (Llama 2 7B): P/2, the ring never sends less
+    mha = [ring.sent_bytes_per_layer(s, "Llama-2-7B", 131_072, P) for s in ("ring", "ulysses")]
+    assert Fraction(*mha) == Fraction(P, 2)
+
+
+def test_the_rings_bytes_follow_the_key_value_heads_and_the_all_to_alls_both():
+    kw = {"E": 16, "Ev": 8, "itemsize": 2}
+    base = ring.sent_bytes_per_rank("ring", 64, 4, batch_heads=8, batch_kv_heads=2, **kw)
+    assert ring.sent_bytes_per_rank("ring", 64, 4, batch_heads=32, batch_kv_heads=2, **kw) == base
+    assert ring.sent_bytes_per_rank("ring", 64, 4, batch_heads=8, **kw) == 4 * base  # default: as many as q
+    assert base == 3 * 16 * 2 * (16 + 8) * 2
+    both = ring.sent_bytes_per_rank("ring", 64, 4, batch_heads=8, batch_kv_heads=2, backward=True, **kw)
+    assert both == (3 + 3 + 4) * 16 * 2 * (16 + 8) * 2  # blocks again, then P blocks of gradients
+    ulysses = ring.sent_bytes_per_rank("ulysses", 64, 4, batch_heads=8, batch_kv_heads=4, **kw)
+    assert ulysses == 3 * 16 * (8 + 4) * (16 + 8) * 2 // 4
+    assert ring.sent_bytes_per_rank("ulysses", 64, 4, batch_heads=8, batch_kv_heads=4, backward=True,
+                                    **kw) == 2 * ulysses
+
+
+@pytest.mark.parametrize("P, H, Hkv", [(2, 4, 2), (4, 8, 4), (4, 8, 8)])
+def test_the_all_to_all_count_is_what_its_transport_sends_with_grouped_heads(monkeypatch, P, H, Hkv):
+    """The all-to-all of one rank in one process: a stand-in exchange that keeps the slices, counted as sent."""
+    def all_to_all_single(out, x, group=None):
+        out.copy_(x)
+
+    monkeypatch.setattr(dist, "all_to_all_single", all_to_all_single)
+    B, n, E, Ev = 2, 3, 4, 5
+    ring.reset_bytes_sent()
+    q = ring._seq_to_heads(torch.randn(B, H, n, E), None, P)  # (B, H/P, P n, E)
+    for width in (E, Ev):
+        ring._seq_to_heads(torch.randn(B, Hkv, n, width), None, P)
+    ring._heads_to_seq(torch.randn(B, H // P, P * n, Ev), None, P)
+    assert q.shape == (B, H // P, P * n, E)
+    sent = ring.bytes_sent()
+    ring.reset_bytes_sent()
+    assert sent == ring.sent_bytes_per_rank("ulysses", P * n, P, batch_heads=B * H, batch_kv_heads=B * Hkv,
+                                            E=E, Ev=Ev, itemsize=4)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: ring.sent_bytes_per_rank("tree", 8, 2, batch_heads=1, E=4), "scheme must be 'ring' or 'ulysses'"),
+    (lambda: ring.sent_bytes_per_rank("ring", 10, 4, batch_heads=1, E=4), "N=10 tokens do not split evenly"),
+    (lambda: ring.sent_bytes_per_rank("ring", 8, 2, batch_heads=0, E=4), "batch_heads must be an integer >= 1"),
+    (lambda: ring.sent_bytes_per_rank("ring", 8, 2, batch_heads=2, batch_kv_heads=1.5, E=4),
+     "batch_kv_heads must be an integer"),
+    (lambda: ring.sent_bytes_per_rank("ulysses", 8, 4, batch_heads=8, batch_kv_heads=2, E=4),
+     "batch_kv_heads=2 is not a multiple of 4"),
+    (lambda: ring.sent_bytes_per_layer("ulysses", "Llama-3-8B", 4096, 16), "world_size must divide both"),
+    (lambda: ring.sent_bytes_per_layer("ring", "Llama-9", 4096, 2), "no shape for model 'Llama-9'"),
+    (lambda: ring.hiding_block("H100", group=0), "group must be an integer >= 1"),
+    (lambda: ring.hiding_block("H100", flops_per_s=-1.0), "flops_per_s must be a positive number"),
+])
+def test_bad_counting_arguments_raise_errors_that_name_them(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_a_model_of_the_wrong_type_is_refused_by_name():
+    with pytest.raises(TypeError, match="model must be a lib.cost.Transformer"):
+        ring.sent_bytes_per_layer("ring", 8, 4096, 2)
+
+
+def test_grouped_heads_and_achieved_rates_lower_the_hiding_block_and_the_backward_raises_it():
+    datasheet = ring.hiding_block("H100")
+    assert ring.hiding_block("H100", group=4) == pytest.approx(datasheet / 4)  # 4 query heads a transferred block
+    assert ring.hiding_block("H100", flops_per_s=603e12) == pytest.approx(603e12 / 450e9)
+    # backward step: 5 products (10 G n^2 E FLOPs) against bf16 keys and values and fp32 gradients (12 n E bytes)
+    n = ring.hiding_block("H100", backward=True)
+    assert 10 * n**2 * 128 / 989.4e12 == pytest.approx(12 * n * 128 / 450e9)
+
+
+@pytest.mark.parametrize("layout", ring.LAYOUTS)
+@pytest.mark.parametrize("P", [2, 4, 8])
+def test_the_step_by_step_schedule_computes_each_causal_tile_once_as_the_counts_say(layout, P):
+    from lib.diagrams import ring_step_tiles
+
+    steps = ring_step_tiles(4096, P, layout)  # (step, query tile, key tile): the rank computing it, or -1
+    T = 4096 // 64
+    assert steps.shape == (P, T, T)
+    computed = (steps >= 0).sum(axis=0)
+    assert (computed == np.tril(np.ones((T, T), dtype=int))).all()  # every tile on or below the diagonal, once
+    drawn = [[int((steps[t] == r).sum()) for r in range(P)] for t in range(P)]
+    assert drawn == ring.causal_tile_counts(4096, P, layout)
+    with pytest.raises(ValueError, match="straddle two ranks"):
+        ring_step_tiles(96, 2, layout, tile=32)
