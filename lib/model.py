@@ -1,9 +1,15 @@
 """A decoder you can run: rotary attention, a pre-norm residual block, a tiny language model, and ``generate``.
 
 Chapter 10 builds these from the library's parts: the heads of :class:`lib.nn.TorchMultiHeadAttention`, the
-rotary positions of :mod:`lib.positions`, and one :class:`lib.decoding.KVCache` per layer. Everything is causal
-(a decoder), so a new token's keys and values never change once computed and decoding with a cache gives the same
-logits as running the whole sequence again; :func:`generate` does either, and the tests check that they agree.
+rotary positions of :mod:`lib.positions`, and one :class:`lib.decoding.KVCache` per layer. The language model is
+causal (a decoder), so a new token's keys and values never change once computed and decoding with a cache gives the
+same logits as running the whole sequence again; :func:`generate` does either, and the tests check that they agree.
+
+Ablation is a property of the model (:class:`HeadAblation`): ``fit_head_means`` stores each head's mean output over
+reference inputs, and ``ablate`` replaces chosen heads' outputs by those means, or by their outputs on other inputs
+(resample ablation), so that ablated decoding with a cache still equals decoding without one and a sequence's result
+never depends on the rest of its batch. :func:`head_ablations` scores every head and layer so;
+:class:`TwoCopies` is the chapter's non-causal positional model.
 
 Shapes: ``B`` sequences, ``L`` new tokens, ``S`` tokens the keys cover (S = L without a cache), ``D`` = d_model,
 ``H`` query heads, ``Hkv`` key/value heads, ``d`` = D / H, ``V`` the vocabulary size. torch only.
