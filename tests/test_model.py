@@ -344,3 +344,21 @@ def test_head_by_head_path_equals_the_module_path(n_kv_heads):
                 torch.testing.assert_close(plain, fused, **TOL)
                 start += size
             torch.testing.assert_close(plain_cache.keys, fused_cache.keys)
+
+
+def test_a_refused_ablation_leaves_the_model_as_it_was():
+    torch.manual_seed(17)
+    lm = TinyLM(11, 8, 2, 2).eval()
+    lm.fit_head_means(torch.randint(0, 11, (4, 5)))
+    lm.blocks[0].attention.ablated = {1}
+    tokens = torch.randint(0, 11, (2, 5))
+    with torch.no_grad():
+        before = lm(tokens)
+    for bad in ({0: [0], 3: [0]}, {1: [0, 2]}, {1: ["0"]}, {True: [0]}):
+        with pytest.raises(ValueError), lm.ablate(bad):
+            pass
+    with pytest.raises(ValueError):
+        lm.blocks[1].attention.ablated = {0, 5}
+    assert [layer.ablated for layer in lm.attention_layers()] == [{1}, set()]
+    with torch.no_grad():
+        torch.testing.assert_close(lm(tokens), before, rtol=0, atol=0)
