@@ -947,6 +947,44 @@ def decoder_block(d_model, n_heads, n_kv_heads, d_ff, n_layers):
     return fig
 
 
+def ablation_heatmaps(panels, *, title=None, chance=None):
+    """Chapter 10: ablation results as annotated heatmaps, one panel per metric or kind of ablation.
+
+    ``panels`` is a list of (panel title, row labels, column labels, scores), ``scores`` a (rows, columns) array of
+    accuracies in [0, 1]: one row per seed, one column per ablated head or layer. ``chance``, if given, is a level
+    named in the colour bar (what guessing would score).
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if not panels:
+        raise ValueError("panels must hold at least one (title, rows, columns, scores)")
+    widths = [len(cols) for _, _, cols, _ in panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(min(12.0, 1.5 + 0.85 * sum(widths) + 1.2 * len(panels)),
+                                                      0.5 * len(panels[0][1]) + 2.3),
+                             gridspec_kw={"width_ratios": widths}, squeeze=False)
+    for ax, (name, rows, cols, scores) in zip(axes[0], panels):
+        scores = np.asarray(scores, dtype=float)
+        if scores.shape != (len(rows), len(cols)):
+            raise ValueError(f"scores of panel {name!r} must have shape {(len(rows), len(cols))}, got {scores.shape}")
+        image = ax.imshow(scores, cmap="cividis", vmin=0, vmax=1, aspect="auto")
+        for (r, c), value in np.ndenumerate(scores):
+            ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=8,
+                    color="black" if value > 0.55 else "white")
+        ax.set_xticks(range(len(cols)), cols, rotation=30, ha="right", fontsize=8)
+        ax.set_yticks(range(len(rows)), rows, fontsize=8)
+        ax.set_title(name, fontsize=10)
+        ax.grid(False)
+    bar = fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label="held-out accuracy")
+    if chance is not None:  # a tick of its own, so its label never sits on another
+        bar.ax.axhline(chance, color="white", linewidth=1.5)
+        ticks = [t for t in (0.0, 0.5, 1.0) if abs(t - chance) > 0.12] + [chance]
+        bar.set_ticks(ticks, labels=[f"{t:.1f}" for t in ticks[:-1]] + [f"guessing, {chance:.2f}"])
+    if title:
+        fig.suptitle(title, fontsize=11)
+    return fig
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Chapter 7: what attention costs, and the way out
 # --------------------------------------------------------------------------------------------------------------
