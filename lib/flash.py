@@ -17,6 +17,7 @@ small sizes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -58,11 +59,13 @@ class Tiles:
 INTERPRETER_TILES = Tiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
 # On a GPU each kernel is timed once per problem shape with each choice of its own list and keeps the fastest
 # (triton.autotune). Larger query tiles reuse each key tile for more queries; larger key tiles mean fewer
-# rescales; both cost shared memory and registers. Every choice is compiled for an H100 (sm_90) by
-# tools/compile_report.py in CI, as the JIT specialises a contiguous bfloat16 launch: at head sizes 64 and 128
-# (where its max_head allows) none spills registers and all fit one block's shared memory. The products compile
-# to the asynchronous warpgroup instruction (wgmma) when the product's left operand has at least 64 rows; the
-# exceptions are named below.
+# rescales; both cost shared memory and registers, and what fits differs from one GPU generation to the next. So
+# each architecture has its own table, picked at launch from the GPU's compute capability (tile_table). Every
+# choice of every table is compiled for its architecture by tools/compile_report.py in CI, as the JIT specialises
+# a contiguous launch (bfloat16; float16 on sm_75, which has no bfloat16 tensor-core products): at head sizes 64
+# and 128 (where its max_head allows) none spills registers, all fit one block's shared memory, and every product
+# runs on the tensor cores. On sm_90 the products compile to the asynchronous warpgroup instruction (wgmma) when
+# the product's left operand has at least 64 rows; the exceptions are named below.
 T = Tiles
 FORWARD_TILES = (  # left operands: the query tile (BLOCK_M rows) and the weights P (BLOCK_M rows)
     T(128, 64, num_warps=8, num_stages=3),
@@ -97,7 +100,84 @@ BACKWARD_Q_TILES = (  # the dQ kernel: its left operand is a query tile, so BLOC
     T(64, 32, num_warps=4, num_stages=3),
     T(64, 128, num_warps=8, num_stages=2, max_head=64),
 )
+
+
+@dataclass(frozen=True)
+class TileTable:
+    """Each kernel's tile choices for one GPU architecture, and the shared memory one thread block may use there."""
+
+    arch: str  # the architecture the choices are compiled for, e.g. "sm_90"
+    gpus: str  # the GPUs Colab offers of it
+    shared_per_block: int  # bytes of shared memory one thread block may use (the opt-in maximum)
+    forward: tuple
+    backward_kv: tuple  # the deterministic path's dK/dV kernel
+    backward_kv_atomic: tuple  # the dK/dV kernel that also adds dQ with atomics
+    backward_q: tuple  # the deterministic path's dQ kernel
+
+    @property
+    def capability(self) -> tuple:
+        return int(self.arch[3:-1]), int(self.arch[-1])
+
+
+KiB = 1024
+TILE_TABLES = {
+    "sm_75": TileTable("sm_75", "T4", 64 * KiB, FORWARD_TILES, BACKWARD_KV_TILES, BACKWARD_KV_ATOMIC_TILES,
+                       BACKWARD_Q_TILES),
+    "sm_80": TileTable("sm_80", "A100", 163 * KiB, FORWARD_TILES, BACKWARD_KV_TILES, BACKWARD_KV_ATOMIC_TILES,
+                       BACKWARD_Q_TILES),
+    "sm_89": TileTable("sm_89", "L4", 99 * KiB, FORWARD_TILES, BACKWARD_KV_TILES, BACKWARD_KV_ATOMIC_TILES,
+                       BACKWARD_Q_TILES),
+    "sm_90": TileTable("sm_90", "H100", 227 * KiB, FORWARD_TILES, BACKWARD_KV_TILES, BACKWARD_KV_ATOMIC_TILES,
+                       BACKWARD_Q_TILES),
+}
 BACKWARD_TILES = BACKWARD_KV_TILES  # the name the sweeps used before the dQ kernel had its own list
+
+
+# The shared memory one thread block may use (the opt-in maximum), by compute capability, from the datasheets:
+# what arch_for assumes where torch cannot say (older torch has no shared_memory_per_block_optin).
+SHARED_PER_BLOCK = {(7, 5): 64 * KiB, (8, 0): 163 * KiB, (8, 6): 99 * KiB, (8, 7): 163 * KiB, (8, 9): 99 * KiB,
+                    (9, 0): 227 * KiB, (10, 0): 227 * KiB, (12, 0): 99 * KiB}
+
+
+def arch_for(capability, shared_per_block=None):
+    """The name of the table in TILE_TABLES for a GPU of compute capability ``(major, minor)`` whose thread blocks
+    may use ``shared_per_block`` bytes of shared memory (None: SHARED_PER_BLOCK's datasheet figure, or 99 KiB for
+    a capability it does not list).
+
+    Hopper (9.0) and anything newer with its 227 KiB a block: sm_90. Otherwise from 8.0 on: sm_80's table (the
+    A100's) with 163 KiB or more, sm_89's (the L4's) with 99 KiB or more (as the 8.6 and 12.0 cards have), and
+    sm_75's (the T4's, 64 KiB) with less or before 8.0. Only the four named architectures are compiled in CI: a
+    GPU of another capability gets the table of the one whose limits it shares, not a table compiled for it."""
+    if (not isinstance(capability, tuple) or len(capability) != 2
+            or not all(isinstance(c, int) and not isinstance(c, bool) for c in capability)):
+        raise TypeError(f"capability must be a (major, minor) pair of ints, e.g. (9, 0); got {capability!r}")
+    if capability < (7, 5):
+        raise ValueError(f"the kernels need compute capability 7.5 (a T4) or newer; got {capability}")
+    shared = SHARED_PER_BLOCK.get(capability, 99 * KiB) if shared_per_block is None else shared_per_block
+    if capability >= (9, 0) and shared >= TILE_TABLES["sm_90"].shared_per_block:
+        return "sm_90"
+    if capability >= (8, 0) and shared >= TILE_TABLES["sm_80"].shared_per_block:
+        return "sm_80"
+    if capability >= (8, 0) and shared >= TILE_TABLES["sm_89"].shared_per_block:
+        return "sm_89"
+    return "sm_75"
+
+
+def tile_table(device):
+    """The TileTable the kernels use on this CUDA device: :func:`arch_for` of its compute capability and the
+    shared memory its blocks may use."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"tile_table needs a CUDA device; got {device}")
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return TILE_TABLES[_arch_of_device(index)]
+
+
+@functools.cache
+def _arch_of_device(index):
+    props = torch.cuda.get_device_properties(index)
+    shared = getattr(props, "shared_memory_per_block_optin", None)  # not in every torch
+    return arch_for((props.major, props.minor), shared or None)
 
 
 @dataclass(frozen=True)
@@ -569,28 +649,31 @@ def _tune_keys(kernel):
     return [name for name in keys if name in kernel.arg_names]
 
 
-def _launcher(kernel, choices, reset_to_zero=None):
-    """The kernel, tuned on a GPU among ``choices`` once per (E, Ev, causal, dtype, variant) and power-of-two
-    bucket of L, S and Z; in the interpreter, the kernel with INTERPRETER_TILES (tuning there would only multiply
-    the wait). A ``tiles=`` argument forces one configuration (the tests, and benchmarks/bench_gpu.py --sweep)."""
-    configs = [
-        triton.Config({"BLOCK_M": t.block_m, "BLOCK_N": t.block_n}, num_warps=t.num_warps, num_stages=t.num_stages)
-        for t in choices
-    ]
-    limit = {id(c): t.max_head for c, t in zip(configs, choices)}
+def _launcher(kernel, field, reset_to_zero=None):
+    """The kernel, tuned on a GPU among the choices of its ``field`` in the GPU's TileTable (tile_table) once per
+    (E, Ev, causal, dtype, variant) and power-of-two bucket of L, S and Z; in the interpreter, the kernel with
+    INTERPRETER_TILES (tuning there would only multiply the wait). A ``tiles=`` argument forces one configuration
+    (the tests, and benchmarks/bench_gpu.py --sweep)."""
+    tuned = {}  # architecture -> the autotuned kernel over that architecture's choices
 
-    def fitting(configs, named_args, **kwargs):  # the choices that compile without spilling at this head size
-        head = max(kwargs["BLOCK_E"], kwargs["BLOCK_EV"])
-        return [c for c in configs if head <= limit[id(c)]] or configs
+    def tuned_for(table):
+        if table.arch not in tuned:
+            choices = getattr(table, field)
+            configs = [triton.Config({"BLOCK_M": t.block_m, "BLOCK_N": t.block_n}, num_warps=t.num_warps,
+                                     num_stages=t.num_stages) for t in choices]
+            limit = {id(c): t.max_head for c, t in zip(configs, choices)}
 
-    tuned = None
-    if not INTERPRETED:
-        tuned = triton.autotune(configs=configs, key=_tune_keys(kernel), reset_to_zero=reset_to_zero,
-                                prune_configs_by={"early_config_prune": fitting})(kernel)
+            def fitting(configs, named_args, **kwargs):  # the choices that compile without spilling at this head
+                head = max(kwargs["BLOCK_E"], kwargs["BLOCK_EV"])
+                return [c for c in configs if head <= limit[id(c)]] or configs
+
+            tuned[table.arch] = triton.autotune(configs=configs, key=_tune_keys(kernel), reset_to_zero=reset_to_zero,
+                                                prune_configs_by={"early_config_prune": fitting})(kernel)
+        return tuned[table.arch]
 
     def launch(grid, *args, tiles=None, **kw):
-        if tiles is None and tuned is not None:
-            return tuned[grid](*args, **kw)
+        if tiles is None and not INTERPRETED:
+            return tuned_for(tile_table(args[0].device))[grid](*args, **kw)
         t = tiles or INTERPRETER_TILES
         launch_options = {} if INTERPRETED else {"num_warps": t.num_warps, "num_stages": t.num_stages}
         return kernel[grid](*args, **kw, BLOCK_M=t.block_m, BLOCK_N=t.block_n, **launch_options)
@@ -598,10 +681,10 @@ def _launcher(kernel, choices, reset_to_zero=None):
     return launch
 
 
-_run_forward = _launcher(_flash_forward, FORWARD_TILES)
-_run_backward_kv = _launcher(_flash_backward_kv, BACKWARD_KV_TILES)
-_run_backward_kv_atomic = _launcher(_flash_backward_kv, BACKWARD_KV_ATOMIC_TILES, reset_to_zero=["DQ_ACC"])
-_run_backward_q = _launcher(_flash_backward_q, BACKWARD_Q_TILES)
+_run_forward = _launcher(_flash_forward, "forward")
+_run_backward_kv = _launcher(_flash_backward_kv, "backward_kv")
+_run_backward_kv_atomic = _launcher(_flash_backward_kv, "backward_kv_atomic", reset_to_zero=["DQ_ACC"])
+_run_backward_q = _launcher(_flash_backward_q, "backward_q")
 PREPROCESS_ROWS = 64  # rows of dO and O per program of the delta kernel
 
 

@@ -68,6 +68,14 @@ INTERPRETER_TILES = DecodeTiles(block_n=16, num_warps=1, num_stages=1)
 # an H100 (sm_90, Triton 3.9) with 16 query rows, the split kernel takes 147 registers a thread, spills nothing and
 # uses 70 KiB of shared memory (of 227 KiB): room for two programs per SM.
 GPU_TILES = DecodeTiles(block_n=64, num_warps=4, num_stages=3)
+# Per architecture, as lib.flash.TILE_TABLES (and picked the same way, lib.flash.tile_table): compiled for each by
+# tools/compile_report.py in CI, at head sizes 64 and 128 and row tiles of 16 and 64, none spills and all fit.
+DECODE_TILES = {
+    "sm_75": GPU_TILES,
+    "sm_80": GPU_TILES,
+    "sm_89": GPU_TILES,
+    "sm_90": GPU_TILES,
+}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -244,8 +252,14 @@ def _decode_merge(
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _tiles():
-    return INTERPRETER_TILES if INTERPRETED else GPU_TILES
+def _tiles(device=None):
+    """The split kernel's tiles: the interpreter's, or those of the GPU's architecture (lib.flash.tile_table);
+    without a CUDA device to ask, an H100's (DEFAULT_GPU)."""
+    if INTERPRETED:
+        return INTERPRETER_TILES
+    if device is None or torch.device(device).type != "cuda":
+        return GPU_TILES
+    return DECODE_TILES[_flash.tile_table(device).arch]
 
 
 def _row_block(rows):
@@ -270,7 +284,7 @@ def split_count(B, H, L, Hkv, S, *, sms=None, tiles=None):
 
 def _launch(q, k, v, out, num_splits, scale, direct, paged=None, tiles=None):
     """Run the split kernel (and, unless ``direct``, the merge). Returns the partial states and the merged lse."""
-    tiles = tiles or _tiles()
+    tiles = tiles or _tiles(q.device)
     B, H, L, E = q.shape
     Ev = v.shape[-1]
     Hkv = k.shape[1]

@@ -118,3 +118,36 @@ def _scores_in_float32(torch, q, k):
         except (TypeError, RuntimeError, NotImplementedError):  # an older torch without bmm's out_dtype
             pass
     return q.float() @ k.float().transpose(-1, -2)  # (..., L, S)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Which half precision a GPU multiplies on its tensor cores
+# --------------------------------------------------------------------------------------------------------------
+
+
+def half_dtype(device=None, *, capability=None):
+    """The 16-bit dtype whose products run on this device's tensor cores: ``torch.bfloat16`` from compute
+    capability 8.0 (A100, L4, H100), ``torch.float16`` before it (a T4, sm_75, multiplies float16 on its tensor
+    cores but has no bfloat16 products) and on a CPU, where Triton's interpreter computes bfloat16 wrongly.
+
+    ``device`` a torch.device, a string such as "cuda:0", or None for the current CUDA device if there is one;
+    or ``capability=(major, minor)`` instead of a device, for a GPU that is not here (tools/compile_report.py).
+    """
+    import torch
+
+    if capability is not None:
+        if device is not None:
+            raise TypeError("half_dtype takes a device or a capability, not both")
+        if (not isinstance(capability, tuple) or len(capability) != 2
+                or not all(isinstance(c, int) and not isinstance(c, bool) for c in capability)):
+            raise TypeError(f"capability must be a (major, minor) pair of ints, e.g. (7, 5); got {capability!r}")
+        return torch.bfloat16 if capability >= (8, 0) else torch.float16
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(device)
+    except (TypeError, RuntimeError):
+        raise TypeError(f"device must be a torch.device or a name such as 'cuda:0'; got {device!r}") from None
+    if device.type != "cuda":
+        return torch.float16
+    return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16

@@ -1,11 +1,14 @@
-"""tools/compile_report.py: lib.flash compiled for an H100 (sm_90) as Triton's JIT specialises a real launch.
+"""tools/compile_report.py: lib.flash and lib.flash_decode compiled for every GPU Colab offers, as Triton's JIT
+specialises a real launch there: a T4 (sm_75, float16), an A100 (sm_80), an L4 (sm_89) and an H100 (sm_90).
 
-The interpreter forgives what the compiler does not, so every tile choice of every kernel is compiled here, on the
-CPU, with the ptxas that ships in Triton's wheel, at head sizes 64 and 128: none may spill registers, all must fit
-one thread block's shared memory, and the matrix products must compile to wgmma. The compile runs in a subprocess
-with the interpreter off (this test process has it on).
+The interpreter forgives what the compiler does not, so every tile choice of every architecture's table is
+compiled here, on the CPU, with the ptxas that ships in Triton's wheel, at head sizes 64 and 128: none may spill
+registers, all must fit one thread block's shared memory on that architecture, and every matrix product must run
+on the tensor cores (wgmma on sm_90, mma.sync before it), none on the CUDA cores' FMA. Each architecture is compiled
+once per test session, in a subprocess with the interpreter off (this test process has it on).
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -13,53 +16,122 @@ import sys
 
 import pytest
 
+from lib import flash
+from lib import flash_decode as fd
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMEM_PER_BLOCK = 227 * 1024
+KiB = 1024
+# One thread block's shared memory (the opt-in maximum) on each, from the datasheets (FIELD_NOTES.md).
+SHARED_PER_BLOCK = {"sm_75": 64 * KiB, "sm_80": 163 * KiB, "sm_89": 99 * KiB, "sm_90": 227 * KiB}
+ARCHS = list(SHARED_PER_BLOCK)
+ENV = {**os.environ, "PYTHONPATH": ROOT, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+FIELDS = {"forward": "forward", "backward_kv": "backward_kv_atomic", "backward_kv_deterministic": "backward_kv",
+          "backward_q": "backward_q"}
+PRODUCTS = {"forward": 4, "backward_kv": 10, "backward_kv_deterministic": 8, "backward_q": 6, "decode": 4,
+            "decode_paged": 4}  # tl.dot calls in each kernel's two loops (masked and unmasked)
 
-CODE = """
-import json, sys
-sys.path.insert(0, "tools")
-import compile_report as cr
-rows = cr.report(heads=({head},), kernels=({kernel!r},), causal={causal}, with_loop={loop}, first={first})
-print(json.dumps(rows))
-"""
 
-
-def compile_rows(head, kernel, causal=False, loop=False, first=None):
-    env = {**os.environ, "PYTHONPATH": ROOT, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    code = CODE.format(head=head, kernel=kernel, causal=causal, loop=loop, first=first)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
-                            check=False)
+def run(*args):
+    result = subprocess.run([sys.executable, "tools/compile_report.py", *args], capture_output=True, text=True,
+                            env=ENV, cwd=ROOT, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.splitlines()[-1])
+    return json.loads(result.stdout)
 
 
-TILES = {"forward": "FORWARD_TILES", "backward_kv": "BACKWARD_KV_ATOMIC_TILES",
-         "backward_kv_deterministic": "BACKWARD_KV_TILES", "backward_q": "BACKWARD_Q_TILES"}
+@functools.cache
+def compiled(arch):
+    """Every row of the report for ``arch``: each kernel, each tile choice, head sizes 64 and 128."""
+    return run("--arch", arch, "--json")
+
+
+def test_the_tables_cover_the_four_architectures_with_their_datasheet_limits():
+    assert set(flash.TILE_TABLES) == set(ARCHS) == set(fd.DECODE_TILES)
+    for arch, table in flash.TILE_TABLES.items():
+        assert table.arch == arch and table.shared_per_block == SHARED_PER_BLOCK[arch]
+        for field in FIELDS.values():
+            choices = getattr(table, field)
+            assert len(set(choices)) == len(choices) >= 2, (arch, field)
+            assert any(t.max_head >= 128 for t in choices), (arch, field)
+    # The H100's table is the one chapter 9 and the benchmarks name.
+    assert flash.TILE_TABLES["sm_90"].forward is flash.FORWARD_TILES
+    assert fd.DECODE_TILES["sm_90"] is fd.GPU_TILES
+
+
+@pytest.mark.parametrize("capability, shared, arch", [
+    ((7, 5), None, "sm_75"), ((8, 0), None, "sm_80"), ((8, 6), None, "sm_89"), ((8, 9), None, "sm_89"),
+    ((9, 0), None, "sm_90"), ((12, 0), None, "sm_89"), ((10, 0), 227 * KiB, "sm_90"), ((9, 0), 99 * KiB, "sm_89"),
+    ((8, 0), 64 * KiB, "sm_75"),
+])
+def test_a_gpu_gets_the_table_whose_limits_it_meets(capability, shared, arch):
+    assert flash.arch_for(capability, shared) == arch
+    table = flash.TILE_TABLES[arch]
+    assert table.capability <= capability or arch == "sm_89"  # sm_89's table asks nothing of 8.9 that 8.0 lacks
+    assert table.shared_per_block <= (shared or flash.SHARED_PER_BLOCK[capability])
+
+
+def test_arch_for_refuses_what_it_cannot_place():
+    with pytest.raises(ValueError, match="7.5"):
+        flash.arch_for((7, 0))
+    with pytest.raises(TypeError, match="capability"):
+        flash.arch_for("sm_90")
+    with pytest.raises(ValueError, match="CUDA device"):
+        flash.tile_table("cpu")
+
+
+def test_half_dtype_is_float16_below_sm_80():
+    import torch
+
+    from lib.speed import half_dtype
+
+    assert half_dtype(capability=(7, 5)) == torch.float16
+    assert half_dtype(capability=(8, 0)) == half_dtype(capability=(9, 0)) == torch.bfloat16
+    assert half_dtype("cpu") == torch.float16  # Triton's interpreter computes bfloat16 wrongly
+    with pytest.raises(TypeError, match="capability"):
+        half_dtype(capability=7.5)
 
 
 @pytest.mark.parametrize("head", [64, 128])
-@pytest.mark.parametrize("kernel", list(TILES))
-def test_no_tile_choice_spills_and_all_fit_shared_memory(kernel, head):
-    from lib import flash
-
-    rows = compile_rows(head, kernel)
-    offered = [t for t in getattr(flash, TILES[kernel]) if head <= t.max_head]
-    assert len(rows) == len(offered) >= 3
+@pytest.mark.parametrize("kernel", [*FIELDS, "decode", "decode_paged", "preprocess", "decode_merge"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_tile_choice_fits_spills_nothing_and_runs_on_the_tensor_cores(arch, kernel, head):
+    rows = [r for r in compiled(arch) if r["kernel"] == kernel and r["head"] == head]
+    if kernel in FIELDS:
+        offered = [t for t in getattr(flash.TILE_TABLES[arch], FIELDS[kernel]) if head <= t.max_head]
+    else:
+        offered = [None] * (2 if kernel in ("decode", "decode_merge") else 1)  # decode: row tiles of 16 and 64
+    assert len(rows) == len(offered) >= 1
     for row, tiles in zip(rows, offered):
-        where = f"{kernel}, head {head}, {row['tiles']}"
+        where = f"{arch} {kernel}, head {head}, {row['tiles']}"
+        assert row["dtype"] == ("float16" if arch == "sm_75" else "bfloat16")
         assert row["spill_bytes"] == 0, f"{where} spills {row['spill_bytes']} bytes"
-        assert 0 < row["shared_bytes"] <= SMEM_PER_BLOCK, f"{where} needs {row['shared_bytes']} bytes shared"
+        assert 0 < row["shared_bytes"] <= SHARED_PER_BLOCK[arch], f"{where} needs {row['shared_bytes']} bytes"
         assert row["registers"] * row["threads"] <= 64 * 1024, where
-        assert row["wgmma"], f"{where} has no wgmma"
-        # Only the atomic path's dQ share, dS K, with a 32-row left operand, may fall back to mma.sync.
-        assert not row["mma_sync"] or (kernel == "backward_kv" and tiles.block_m < 64), f"{where} uses mma.sync"
+        products = row["products"]
+        if kernel not in PRODUCTS:  # the delta and merge kernels multiply no matrices
+            assert products == {"wgmma": 0, "mma": 0, "fma": 0}, where
+            continue
+        assert products["fma"] == 0 and row["tensor_cores"], f"{where} multiplies on the CUDA cores: {products}"
+        assert products["wgmma"] + products["mma"] == PRODUCTS[kernel], where
+        if arch != "sm_90":
+            assert products["wgmma"] == 0 and row["mma_sync"], where
+        elif kernel in FIELDS:
+            # Only the atomic path's dQ share, dS K, with a 32-row left operand, may fall back to mma.sync.
+            assert row["wgmma"], f"{where} has no wgmma"
+            assert not products["mma"] or (kernel == "backward_kv" and tiles.block_m < 64), f"{where}: mma.sync"
+
+
+@pytest.mark.parametrize("kernel", ["forward", "backward_q"])
+def test_the_default_forward_and_dq_kernels_keep_their_wgmma_asynchronous_on_sm_90(kernel):
+    # ptxas's C7515 note: a wgmma that must wait for the one before it. The autotuner's first choice is the default.
+    for head in (64, 128):
+        first = next(r for r in compiled("sm_90") if r["kernel"] == kernel and r["head"] == head)
+        assert not first["wgmma_serialised"], f"{kernel}, head {head}, {first['tiles']}: C7515"
 
 
 def test_the_forward_loop_reads_as_a_hopper_flash_loop():
     # The launched kernel, not a kernel with untyped strides: 16-byte asynchronous copies into shared memory, the
     # warpgroup products and their waits, one exponential per score, and the scale folded into an FMA.
-    (row,) = compile_rows(128, "forward", causal=True, loop=True, first=1)
+    (row,) = run("--head", "128", "--kernels", "forward", "--causal", "--loop", "--first", "1", "--json")
     assert row["tiles"] == "128×64, 8 warps, 3 stages"
     loop = row["loop"]
     assert loop["LDGSTS"] > 0 and loop["HGMMA"] > 0 and loop["WARPGROUP.DEPBAR"] > 0
@@ -79,9 +151,11 @@ def test_the_specialisation_is_the_jits():
         "assert sig['Q'] == '*bf16' and sig['LSE'] == '*fp32' and sig['sq_l'] == 'i32', sig\n"
         "names = [l.kernel.arg_names[i[0]] for i in attrs]\n"
         "assert {'Q', 'K', 'V', 'O', 'sq_l', 'sk_s', 'L', 'S'} <= set(names), names\n"
+        "d = cr.decode_launches(128, 16, torch.float16)['decode']\n"
+        "sig, const, attrs = cr.specialise(d, cr.fd.DECODE_TILES['sm_75'])\n"
+        "assert sig['Q'] == '*fp16' and const['BLOCK_M'] == 16 and const['sq_e'] == 1, (sig, const)\n"
     )
-    env = {**os.environ, "PYTHONPATH": ROOT, "TRITON_INTERPRET": "0"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=ROOT,
                             check=False)
     assert result.returncode == 0, result.stderr[-2000:]
 
@@ -90,16 +164,13 @@ def test_the_specialisation_is_the_jits():
 def test_every_rung_of_the_forward_compiles_without_spills(rung):
     # The default is compiled above, tile by tile; here the first version (scale not folded), the TMA rung, and the
     # LPT rung, which changes only a causal launch's block order.
-    code = CODE.format(head=128, kernel="forward", causal=rung == "+lpt", loop=True, first=1).replace(
-        "rows = cr.report(", f"rows = cr.report(variant=cr.flash.LADDER[{rung!r}], ")
-    env = {**os.environ, "PYTHONPATH": ROOT, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT,
-                            check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    (row,) = json.loads(result.stdout.splitlines()[-1])
-    assert row["spill_bytes"] == 0 and row["shared_bytes"] <= SMEM_PER_BLOCK and row["wgmma"]
+    causal = ["--causal"] if rung == "+lpt" else []
+    (row,) = run("--head", "128", "--kernels", "forward", "--variant", rung, "--loop", "--first", "1", "--json",
+                 *causal)
+    assert row["spill_bytes"] == 0 and row["shared_bytes"] <= SHARED_PER_BLOCK["sm_90"] and row["wgmma"]
     loop = row["loop"]
     if rung == "first":  # the extra multiply per score: 30 more FMUL a thread than the folded loop's 66
         assert loop["FMUL"] == 96 and loop["LDGSTS"] > 0
     else:  # TMA copies and mbarrier waits instead of cp.async
         assert loop.get("UTMALDG", 0) > 0 and loop.get("SYNCS", 0) > 0 and "LDGSTS" not in loop
+        assert not row["wgmma_serialised"]

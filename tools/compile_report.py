@@ -1,16 +1,23 @@
-"""What lib.flash's kernels compile to on an H100 (sm_90), read on a machine without a GPU (chapter 8).
+"""What lib.flash's and lib.flash_decode's kernels compile to on each GPU Colab offers, read on a machine without
+a GPU (chapter 9): a T4 (sm_75), an A100 (sm_80), an L4 (sm_89) and an H100 (sm_90).
 
-    python tools/compile_report.py                       # every tile choice, head sizes 64 and 128, a table
+    python tools/compile_report.py                       # sm_90: every tile choice, head sizes 64 and 128
+    python tools/compile_report.py --arch sm_75 sm_89    # the tile tables of other architectures
     python tools/compile_report.py --head 128 --loop     # also the skeleton of each kernel's inner loop
     python tools/compile_report.py --markdown            # the table benchmarks/results.md shows
+    python tools/compile_report.py --arch all --json     # every architecture, as JSON
 
-Each kernel is compiled as Triton's JIT specialises a real launch: the wrapper in lib/flash.py is run on "meta"
-tensors (shapes and strides, no memory) of a contiguous bfloat16 problem, the arguments it would launch with are
-caught, and each is typed by Triton's own specialisation rule (an int equal to 1, such as the stride of the last
-dimension, becomes a constant; ints and pointers divisible by 16 are marked so). Compiled with plain int32 strides
-and no such marks, the same kernel would use scalar 2-byte loads and a fraction of the shared memory: a kernel that
-never runs. Triton's wheel ships ptxas and cuobjdump: registers and spills come from ptxas's own report (-v),
-shared memory from Triton's metadata, and the loop skeleton from the SASS (cuobjdump).
+Each kernel is compiled as Triton's JIT specialises a real launch on that architecture: the wrapper in lib/flash.py
+(or lib/flash_decode.py) is run on "meta" tensors (shapes and strides, no memory) of a contiguous problem in the
+dtype a chapter uses there (bfloat16; float16 on sm_75, whose tensor cores have no bfloat16 products), the arguments
+it would launch with are caught, and each is typed by Triton's own specialisation rule (an int equal to 1, such as
+the stride of the last dimension, becomes a constant; ints and pointers divisible by 16 are marked so). Compiled
+with plain int32 strides and no such marks, the same kernel would use scalar 2-byte loads and a fraction of the
+shared memory: a kernel that never runs. Triton's wheel ships ptxas and cuobjdump: registers and spills come from
+ptxas's own report (-v), and so does its C7515 note (on sm_90, every wgmma waits for the one before); shared
+memory from Triton's metadata; where each product runs (wgmma, mma.sync on the tensor cores, or FMA on the CUDA
+cores) from Triton's GPU IR; and the loop skeleton from the SASS (cuobjdump). Compiled, not run: nothing here says
+how fast a kernel is.
 """
 
 from __future__ import annotations
@@ -37,11 +44,23 @@ from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend, GPUTarget
 
 from lib import flash
+from lib import flash_decode as fd
+from lib.speed import half_dtype
 
-TARGET = GPUTarget("cuda", 90, 32)  # an H100
-SMEM_PER_BLOCK = 227 * 1024  # shared memory one thread block may use on sm_90
-REGISTERS_PER_SM = 64 * 1024  # 32-bit registers
+ARCHS = tuple(flash.TILE_TABLES)  # "sm_75", "sm_80", "sm_89", "sm_90"
+REGISTERS_PER_BLOCK = 64 * 1024  # 32-bit registers one thread block may use, on every one of them
 SHAPE = {"Z": 64, "L": 4096, "S": 4096}  # batch · heads and lengths of the launch being specialised
+DECODE_SHAPE = {"B": 4, "Hkv": 8, "S": 4096, "splits": 4}  # a decode step against a 4,096-token cache
+
+
+def target(arch):
+    """Triton's compile target for "sm_75" and the like."""
+    return GPUTarget("cuda", int(arch.removeprefix("sm_")), 32)
+
+
+def arch_dtype(arch):
+    """The dtype a chapter's launch has on this architecture (lib.speed.half_dtype)."""
+    return half_dtype(capability=flash.TILE_TABLES[arch].capability)
 
 
 class _Pointer:
@@ -103,12 +122,49 @@ def captured_launches(head, causal, variant, dtype=torch.bfloat16, shape=SHAPE):
     return caught
 
 
+def decode_launches(head, rows, dtype, paged=False, shape=DECODE_SHAPE):
+    """{kernel name: Launch} for one lib.flash_decode step whose key/value heads each serve ``rows`` query rows
+    (G · L packed into one tile): the split kernel and the merge, over a contiguous (or paged) cache."""
+    B, Hkv, S, splits = shape["B"], shape["Hkv"], shape["S"], shape["splits"]
+    caught = {}
+
+    class Indexable:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: caught.__setitem__(self.name, Launch(self.kernel, args, kwargs))
+
+    saved = fd._decode_split, fd._decode_merge
+    try:
+        fd._decode_split = Indexable("decode_paged" if paged else "decode", saved[0])
+        fd._decode_merge = Indexable("decode_merge", saved[1])
+        q = torch.empty(B, Hkv * rows, 1, head, device="meta", dtype=dtype)  # one new query a head: G = rows
+        out = torch.empty_like(q)
+        if paged:
+            page = 16
+            pages = B * S // page
+            k = torch.empty(pages, Hkv, page, head, device="meta", dtype=dtype)
+            table = torch.empty(B, S // page, device="meta", dtype=torch.int32)
+            lens = torch.empty(B, device="meta", dtype=torch.int32)
+            fd._launch(q, k, k, out, splits, head**-0.5, direct=False, paged=(table, lens, page),
+                       tiles=fd.GPU_TILES)
+        else:
+            k = torch.empty(B, Hkv, S, head, device="meta", dtype=dtype)
+            fd._launch(q, k, k, out, splits, head**-0.5, direct=False, tiles=fd.GPU_TILES)
+    finally:
+        fd._decode_split, fd._decode_merge = saved
+    return caught
+
+
 def specialise(launch, tiles=None):
     """(signature, constexprs, attrs) exactly as Triton's JIT would build them for this launch."""
     fn = launch.kernel
     values = dict(zip(fn.arg_names, launch.args))
     values.update(launch.kwargs)
-    if tiles is not None:
+    if isinstance(tiles, fd.DecodeTiles):  # the decode kernel's row tile is sized from G · L, not chosen
+        values.update(BLOCK_N=tiles.block_n)
+    elif tiles is not None:
         values.update(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n)
     signature, constexprs, attrs = {}, {}, {}
     for i, (name, param) in enumerate(zip(fn.arg_names, fn.params)):
@@ -128,9 +184,10 @@ def specialise(launch, tiles=None):
     return signature, constexprs, attrs
 
 
-def compile_launch(launch, tiles=None):
-    """The compiled kernel for one launch, with ``tiles`` (a lib.flash.Tiles) or the preprocess kernel's own, and
-    ptxas's own report of it (registers, spills): compiled afresh, never from Triton's cache, to have that report."""
+def compile_launch(launch, tiles=None, arch="sm_90"):
+    """The compiled kernel for one launch on ``arch``, with ``tiles`` (a lib.flash.Tiles or
+    lib.flash_decode.DecodeTiles) or the kernel's own fixed shape, and ptxas's own report of it (registers, spills,
+    notes): compiled afresh, never from Triton's cache, to have that report."""
     signature, constexprs, attrs = specialise(launch, tiles)
     options = {} if tiles is None else {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
     source = triton.compiler.ASTSource(fn=launch.kernel, signature=signature, constexprs=constexprs, attrs=attrs)
@@ -138,20 +195,40 @@ def compile_launch(launch, tiles=None):
     with contextlib.redirect_stdout(log), knobs.nvidia.scope(), knobs.compilation.scope():
         knobs.nvidia.dump_ptxas_log = True
         knobs.compilation.always_compile = True
-        compiled = triton.compile(source, target=TARGET, options=options)
+        compiled = triton.compile(source, target=target(arch), options=options)
     compiled.ptxas_log = log.getvalue()
     return compiled
 
 
 def resources(compiled):
-    """Registers per thread and bytes spilled (stores), as ptxas reported them; shared memory from Triton."""
+    """Registers per thread and bytes spilled (stores), as ptxas reported them, and whether it serialised the
+    kernel's wgmma (its C7515 note); shared memory from Triton."""
     log = compiled.ptxas_log
     regs = re.search(r"Used (\d+) registers", log)
     spills = re.search(r"(\d+) bytes spill stores", log)
     if regs is None or spills is None:
         raise RuntimeError(f"no ptxas report for {compiled.metadata.name}: {log[-500:]!r}")
     return {"registers": int(regs.group(1)), "spill_bytes": int(spills.group(1)),
-            "shared_bytes": compiled.metadata.shared, "threads": compiled.metadata.num_warps * 32}
+            "shared_bytes": compiled.metadata.shared, "threads": compiled.metadata.num_warps * 32,
+            "wgmma_serialised": "(C7515)" in log}
+
+
+_DOT = re.compile(r"= (tt\.dot|ttng\.warp_group_dot) .*-> tensor<[^,>]+, #(\w+)")
+
+
+def products(ttgir):
+    """How many of the kernel's matrix products run where, from Triton's GPU IR: {"wgmma": n, "mma": n, "fma": n}.
+    A product Triton could not map to the tensor cores keeps a blocked layout and becomes FMA loops."""
+    counts = {"wgmma": 0, "mma": 0, "fma": 0}
+    for line in ttgir.splitlines():
+        m = _DOT.search(line)
+        if m is None:
+            continue
+        if m.group(1) == "ttng.warp_group_dot":
+            counts["wgmma"] += 1
+        else:
+            counts["mma" if m.group(2).startswith("mma") else "fma"] += 1
+    return counts
 
 
 # The instructions that make up an attention loop on Hopper, in the order a reader meets them.
@@ -273,58 +350,93 @@ def skeleton(body):
     return out
 
 
-KERNEL_TILES = {  # each kernel's tile list in lib.flash (the preprocess kernel has one fixed shape)
-    "forward": lambda: flash.FORWARD_TILES,
-    "backward_kv": lambda: flash.BACKWARD_KV_ATOMIC_TILES,
-    "backward_kv_deterministic": lambda: flash.BACKWARD_KV_TILES,
-    "backward_q": lambda: flash.BACKWARD_Q_TILES,
-    "preprocess": lambda: (None,),
+KERNEL_TILES = {  # each kernel's tile list in an architecture's table (the others have one fixed shape)
+    "forward": lambda arch: flash.TILE_TABLES[arch].forward,
+    "backward_kv": lambda arch: flash.TILE_TABLES[arch].backward_kv_atomic,
+    "backward_kv_deterministic": lambda arch: flash.TILE_TABLES[arch].backward_kv,
+    "backward_q": lambda arch: flash.TILE_TABLES[arch].backward_q,
+    "preprocess": lambda arch: (None,),
+    "decode": lambda arch: (fd.DECODE_TILES[arch],),
+    "decode_paged": lambda arch: (fd.DECODE_TILES[arch],),
+    "decode_merge": lambda arch: (None,),
 }
+DECODE_ROWS = (16, 64)  # the split kernel's row tile: 16 (G · L up to 16, e.g. 4 query heads a key/value head
+#                          and one new query) and the largest, lib.flash_decode.MAX_ROWS
 
 
-def tiles_for(kernel, head):
-    """The tile choices the autotuner offers ``kernel`` at this head size."""
-    return [t for t in KERNEL_TILES[kernel]() if t is None or head <= t.max_head]
+def tiles_for(kernel, head, arch="sm_90"):
+    """The tile choices the autotuner offers ``kernel`` at this head size on ``arch``."""
+    return [t for t in KERNEL_TILES[kernel](arch) if t is None or head <= getattr(t, "max_head", head)]
 
 
-def report(heads=(64, 128), causal=False, variant=None, kernels=tuple(KERNEL_TILES), with_loop=False, first=None):
-    """One row per (kernel, head size, tile choice): registers, spills, shared memory, threads, and optionally the
-    inner loop's instruction counts and skeleton. ``first=n`` compiles only each list's first n choices."""
+def report(heads=(64, 128), causal=False, variant=None, kernels=tuple(KERNEL_TILES), with_loop=False, first=None,
+           arch="sm_90"):
+    """One row per (kernel, head size, tile choice) on ``arch``: registers, spills, shared memory, threads, where
+    the products run, whether ptxas serialised the wgmma, and optionally the inner loop's instruction counts and
+    skeleton. ``first=n`` compiles only each list's first n choices."""
     variant = variant or flash.DEFAULT
+    dtype = arch_dtype(arch)
     rows = []
     for head in heads:
-        launches = captured_launches(head, causal, variant)
-        for name in kernels:
-            if name not in launches:
+        launches = {}
+        if any(k in kernels for k in ("forward", "backward_kv", "backward_kv_deterministic", "backward_q",
+                                      "preprocess")):
+            launches |= {(k, None): v for k, v in captured_launches(head, causal, variant, dtype).items()}
+        for n in DECODE_ROWS if {"decode", "decode_merge"} & set(kernels) else ():
+            launches |= {(k, n): v for k, v in decode_launches(head, n, dtype).items()}
+        if "decode_paged" in kernels:
+            launches |= {(k, DECODE_ROWS[0]): v for k, v in decode_launches(head, DECODE_ROWS[0], dtype, True).items()
+                         if k == "decode_paged"}
+        for (name, n_rows), launch in launches.items():
+            if name not in kernels:
                 continue
-            for tiles in tiles_for(name, head)[:first]:
-                compiled = compile_launch(launches[name], tiles)
-                row = {"kernel": name, "head": head, "tiles": _tiles_text(tiles), **resources(compiled),
+            for tiles in tiles_for(name, head, arch)[:first]:
+                compiled = compile_launch(launch, tiles, arch)
+                row = {"arch": arch, "dtype": str(dtype).removeprefix("torch."), "kernel": name, "head": head,
+                       "tiles": _tiles_text(tiles, n_rows), **resources(compiled),
+                       "shared_limit": flash.TILE_TABLES[arch].shared_per_block,
+                       "products": products(compiled.asm["ttgir"]),
                        "wgmma": "wgmma" in compiled.asm["ptx"], "mma_sync": "mma.sync" in compiled.asm["ptx"]}
+                row["tensor_cores"] = row["products"]["fma"] == 0
                 if with_loop:
                     body = main_loop(compiled.asm["sass"])
                     row["loop"] = loop_counts(body)
                     row["skeleton"] = skeleton(body)
                 rows.append(row)
-    return rows
+    order = {name: i for i, name in enumerate(KERNEL_TILES)}
+    return sorted(rows, key=lambda r: (order[r["kernel"]], r["head"]))
 
 
-def _tiles_text(t):
-    return "-" if t is None else f"{t.block_m}×{t.block_n}, {t.num_warps} warps, {t.num_stages} stages"
+def _tiles_text(t, rows=None):
+    if isinstance(t, fd.DecodeTiles):
+        return f"{rows}×{t.block_n}, {t.num_warps} warps, {t.num_stages} stages"
+    if t is None:
+        return "-" if rows is None else f"{rows} rows"
+    return f"{t.block_m}×{t.block_n}, {t.num_warps} warps, {t.num_stages} stages"
+
+
+def _where(r):
+    """Where the products run: wgmma, mma.sync (both tensor cores), FMA (CUDA cores), or '-' (there are none)."""
+    p = r["products"]
+    names = [f"{n} {name}" for name, n in (("wgmma", p["wgmma"]), ("mma.sync", p["mma"]), ("FMA", p["fma"])) if n]
+    return " + ".join(names) or "-"
 
 
 def markdown(rows):
-    lines = ["| kernel | head | tiles (M × N, warps, stages) | registers | spilled bytes | shared KiB | products |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| arch | kernel | head | tiles (M × N, warps, stages) | registers | spilled bytes | shared KiB | "
+             "products | wgmma serialised |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        product = "wgmma" if r["wgmma"] else ("mma.sync" if r["mma_sync"] else "none")
-        lines.append(f"| {r['kernel']} | {r['head']} | {r['tiles']} | {r['registers']} | {r['spill_bytes']} | "
-                     f"{r['shared_bytes'] / 1024:.0f} | {product} |")
+        serial = ("yes" if r["wgmma_serialised"] else "no") if r["products"]["wgmma"] else "-"
+        lines.append(f"| {r['arch']} | {r['kernel']} | {r['head']} | {r['tiles']} | {r['registers']} | "
+                     f"{r['spill_bytes']} | {r['shared_bytes'] / 1024:.0f} of {r['shared_limit'] // 1024} | "
+                     f"{_where(r)} | {serial} |")
     return "\n".join(lines)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", nargs="+", default=["sm_90"], choices=[*ARCHS, "all"],
+                        help="the architectures to compile for (all: every one in lib.flash.TILE_TABLES)")
     parser.add_argument("--head", nargs="+", type=int, default=[64, 128])
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--variant", default=None, choices=list(flash.LADDER), help="a rung of lib.flash.LADDER")
@@ -335,16 +447,19 @@ def main():
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     variant = flash.LADDER[args.variant] if args.variant else None
-    rows = report(args.head, args.causal, variant, args.kernels, args.loop, args.first)
+    archs = ARCHS if "all" in args.arch else args.arch
+    rows = [r for arch in archs for r in report(args.head, args.causal, variant, args.kernels, args.loop, args.first,
+                                                 arch)]
     if args.json:
         print(json.dumps(rows, indent=1))
     elif args.markdown:
         print(markdown(rows))
     else:
         for r in rows:
-            print(f"{r['kernel']:<12} d {r['head']:<4} {r['tiles']:<32} {r['registers']:>4} regs  "
-                  f"{r['spill_bytes']:>5} B spilled  {r['shared_bytes'] / 1024:6.1f} KiB shared  "
-                  f"{'wgmma' if r['wgmma'] else 'mma.sync' if r['mma_sync'] else '-'}")
+            serial = "  wgmma serialised (C7515)" if r["wgmma_serialised"] else ""
+            print(f"{r['arch']} {r['kernel']:<12} d {r['head']:<4} {r['tiles']:<32} {r['registers']:>4} regs  "
+                  f"{r['spill_bytes']:>5} B spilled  {r['shared_bytes'] / 1024:6.1f} of {r['shared_limit'] // 1024} "
+                  f"KiB shared  {_where(r)}{serial}")
             if args.loop:
                 print("    loop:", ", ".join(f"{k} {v}" for k, v in r["loop"].items()))
                 print("    ", " → ".join(r["skeleton"]))
