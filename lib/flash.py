@@ -120,13 +120,41 @@ class TileTable:
 
 
 KiB = 1024
+# The other architectures multiply with mma.sync, whose operands pass through registers: at head size 128 the sm_90
+# choices spill there, so each table holds smaller tiles or fewer stages. A T4 (sm_75) has no tensor-core path in
+# Triton 3.9 ("Dot op using MMA for compute capability 75 has been deprecated. It falls back to the FMA path"):
+# its products run as float32 FMA on the CUDA cores, which keep both operands in registers, so only small tiles
+# fit there, and without cp.async (sm_80 and later) Triton does not pipeline the loads, so num_stages is 1.
 TILE_TABLES = {
-    "sm_75": TileTable("sm_75", "T4", 64 * KiB, FORWARD_TILES, BACKWARD_KV_TILES, BACKWARD_KV_ATOMIC_TILES,
-                       BACKWARD_Q_TILES),
-    "sm_80": TileTable("sm_80", "A100", 163 * KiB, FORWARD_TILES, BACKWARD_KV_TILES, BACKWARD_KV_ATOMIC_TILES,
-                       BACKWARD_Q_TILES),
-    "sm_89": TileTable("sm_89", "L4", 99 * KiB, FORWARD_TILES, BACKWARD_KV_TILES, BACKWARD_KV_ATOMIC_TILES,
-                       BACKWARD_Q_TILES),
+    "sm_75": TileTable(
+        "sm_75", "T4", 64 * KiB,
+        forward=(T(16, 32, num_warps=4, num_stages=1), T(32, 16, num_warps=4, num_stages=1),
+                 T(32, 32, num_warps=8, num_stages=1)),
+        backward_kv=(T(16, 16, num_warps=8, num_stages=1),),
+        backward_kv_atomic=(T(16, 16, num_warps=8, num_stages=1),),  # spills 4 bytes at head size 128
+        backward_q=(T(16, 16, num_warps=8, num_stages=1),),
+    ),
+    "sm_80": TileTable(
+        "sm_80", "A100", 163 * KiB,
+        forward=(T(64, 64, num_warps=8, num_stages=2), T(128, 32, num_warps=8, num_stages=2),
+                 T(64, 32, num_warps=4, num_stages=2)),
+        backward_kv=(T(64, 64, num_warps=8, num_stages=2), T(32, 64, num_warps=4, num_stages=2),
+                     T(64, 32, num_warps=4, num_stages=2)),
+        backward_kv_atomic=(T(32, 64, num_warps=8, num_stages=2), T(32, 32, num_warps=4, num_stages=2),
+                            T(16, 64, num_warps=4, num_stages=2)),
+        backward_q=(T(64, 64, num_warps=8, num_stages=2), T(32, 64, num_warps=4, num_stages=2),
+                    T(64, 32, num_warps=4, num_stages=2), T(32, 128, num_warps=8, num_stages=2)),
+    ),
+    "sm_89": TileTable(
+        "sm_89", "L4", 99 * KiB,
+        forward=(T(128, 32, num_warps=8, num_stages=2), T(64, 32, num_warps=4, num_stages=2),
+                 T(128, 64, num_warps=8, num_stages=1)),
+        backward_kv=(T(32, 64, num_warps=4, num_stages=2), T(64, 32, num_warps=4, num_stages=2)),
+        backward_kv_atomic=(T(32, 64, num_warps=8, num_stages=2), T(32, 32, num_warps=4, num_stages=2),
+                            T(16, 64, num_warps=4, num_stages=2)),
+        backward_q=(T(64, 64, num_warps=8, num_stages=2), T(32, 64, num_warps=4, num_stages=2),
+                    T(64, 32, num_warps=4, num_stages=2)),
+    ),
     "sm_90": TileTable("sm_90", "H100", 227 * KiB, FORWARD_TILES, BACKWARD_KV_TILES, BACKWARD_KV_ATOMIC_TILES,
                        BACKWARD_Q_TILES),
 }

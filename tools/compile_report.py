@@ -423,8 +423,8 @@ def _where(r):
 
 
 def markdown(rows):
-    lines = ["| arch | kernel | head | tiles (M × N, warps, stages) | registers | spilled bytes | shared KiB | "
-             "products | wgmma serialised |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| arch | kernel | head | tiles (M × N, warps, stages) | registers | spilled bytes | shared KiB | "
+              "products | wgmma serialised |"), "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         serial = ("yes" if r["wgmma_serialised"] else "no") if r["products"]["wgmma"] else "-"
         lines.append(f"| {r['arch']} | {r['kernel']} | {r['head']} | {r['tiles']} | {r['registers']} | "
