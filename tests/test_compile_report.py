@@ -110,7 +110,8 @@ def test_every_tile_choice_fits_spills_nothing_and_runs_on_the_tensor_cores(arch
         assert row["dtype"] == ("float16" if arch == "sm_75" else "bfloat16")
         allowed = T4_SPILLS.get((kernel, head, row["tiles"]), 0) if arch == "sm_75" else 0
         assert row["spill_bytes"] <= allowed, f"{where} spills {row['spill_bytes']} bytes"
-        assert 0 < row["shared_bytes"] <= SHARED_PER_BLOCK[arch], f"{where} needs {row['shared_bytes']} bytes"
+        assert row["shared_bytes"] <= SHARED_PER_BLOCK[arch], f"{where} needs {row['shared_bytes']} bytes"
+        assert row["shared_bytes"] > 0 or kernel == "decode_merge", where  # the merge reduces in registers
         assert row["registers"] * row["threads"] <= 64 * 1024, where
         products = row["products"]
         if kernel not in PRODUCTS:  # the delta and merge kernels multiply no matrices
