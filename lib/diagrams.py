@@ -371,7 +371,7 @@ def memory_hierarchy(levels, ax=None):
     the bandwidth that joins them (chapter 8). ``levels`` is a list of ``(name, size_text, link_text)`` from the
     largest memory to the smallest; ``link_text`` labels the arrow up to the next level (None for the last)."""
     if ax is None:
-        fig, ax = _canvas(7.5, 0.95 * len(levels) + 0.3)
+        fig, ax = _canvas(7.5, 0.95 * len(levels) - 0.15)
     else:
         fig = ax.figure
     colours = ["#CC79A7", "#56B4E9", "#009E73", "#E69F00", "#0072B2"]
