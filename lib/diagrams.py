@@ -543,7 +543,8 @@ def block_table(tables, lengths, page_size, num_pages):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# chapter 8: the ledger per score, and where a forward tile lives on an H100
+# chapters 8 and 9: the memories, the ledger per score, where a forward tile lives on an H100, causal tiles, and
+# schedules of the key loop
 # --------------------------------------------------------------------------------------------------------------
 
 _UNIT_COLORS = {"tensor cores": "#0072B2", "exponential unit": "#E69F00", "float32 lanes": "#009E73",
@@ -610,6 +611,132 @@ def forward_tile_budget(tiles_kib, capacities_kib, ax=None):
     ax.invert_yaxis()
     ax.grid(axis="y", visible=False)
     return ax
+
+
+def memory_hierarchy(levels, ax=None):
+    """A GPU's memories as a ladder of boxes, largest at the bottom, each labelled with its size and, between two,
+    the bandwidth that joins them (chapter 8). ``levels`` is a list of ``(name, size_text, link_text)`` from the
+    largest memory to the smallest; ``link_text`` labels the arrow up to the next level (None for the last)."""
+    if ax is None:
+        fig, ax = _canvas(7.5, 0.95 * len(levels) - 0.15)
+    else:
+        fig = ax.figure
+    colours = ["#CC79A7", "#56B4E9", "#009E73", "#E69F00", "#0072B2"]
+    height, gap = 0.5, 0.45
+    for i, (name, size, link) in enumerate(levels):
+        width = 6.6 - 1.1 * i
+        x, y = (7.5 - width) / 2, 0.15 + i * (height + gap)
+        _box(ax, x, y, width, height, f"{name}: {size}", face=colours[i % len(colours)] + "55", size=9)
+        if link:
+            _arrow(ax, (3.75, y + height), (3.75, y + height + gap))
+            ax.text(3.85, y + height + gap / 2, link, va="center", fontsize=8, color=INK)
+    return fig
+
+
+def causal_tile_walk(n, block_m, block_n, ax=None):
+    """The key tiles each query block of a causal forward pass visits (chapter 9): whole tiles below the diagonal,
+    tiles the diagonal crosses (visited and masked inside), and tiles wholly in the future (never read)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    rows, cols = -(-n // block_m), -(-n // block_n)
+    kind = np.zeros((rows, cols))  # 0 skipped, 1 whole, 2 masked inside
+    for i in range(rows):
+        first, last = i * block_m, min(n, (i + 1) * block_m) - 1  # query rows of this block
+        for j in range(cols):
+            lo, hi = j * block_n, min(n, (j + 1) * block_n) - 1  # keys of this tile
+            if lo > last:
+                continue  # every key is in every row's future
+            kind[i, j] = 1 if hi <= first else 2
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 3.6))
+    cmap = ListedColormap(["#F2F2F2", BLUE, ORANGE])
+    ax.imshow(kind, cmap=cmap, vmin=0, vmax=2, aspect=block_m / block_n * 0 + 1, interpolation="nearest")
+    ax.set_xticks(np.arange(-0.5, cols, 1), minor=True)
+    ax.set_yticks(np.arange(-0.5, rows, 1), minor=True)
+    ax.grid(which="minor", color="white", lw=1)
+    ax.grid(which="major", visible=False)
+    ax.tick_params(which="minor", length=0)
+    ax.set_xlabel(f"key tile ({block_n} keys each)")
+    ax.set_ylabel(f"query block\n({block_m} rows, one program)")
+    visited = int((kind > 0).sum())
+    ax.set_title(f"n = {n}: {visited} of {rows * cols} tiles visited")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=BLUE, label="visited, no mask"), Patch(color=ORANGE, label="visited, masked inside"),
+               Patch(facecolor="#F2F2F2", edgecolor="#999999", label="skipped: never read")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, fontsize=8, frameon=False)
+    return ax
+
+
+def _schedule(groups, tasks):
+    """Greedy list scheduling: each group runs its tasks in order; tasks on "tensor" share one unit, one at a time;
+    a group's "softmax" runs on its own warps. ``tasks`` is a list of (unit, name, width). Returns the bars
+    (group, start, name, width) and the finishing time."""
+    nxt, ready, core_free, bars = [0] * groups, [0.0] * groups, 0.0, []
+    while any(i < len(tasks) for i in nxt):
+        def start(g):
+            unit = tasks[nxt[g]][0]
+            return max(ready[g], core_free) if unit == "tensor" else ready[g]
+
+        g = min((g for g in range(groups) if nxt[g] < len(tasks)), key=start)
+        unit, name, width = tasks[nxt[g]]
+        t0 = start(g)
+        bars.append((g, t0, name, width))
+        ready[g] = t0 + width
+        if unit == "tensor":
+            core_free = t0 + width
+        nxt[g] += 1
+    return bars, max(ready)
+
+
+def warpgroup_schedules(ledger, tiles=3, ax=None):
+    """Three schedules of the key loop (chapter 9), drawn to the ledger's times: one warp group whose products and
+    softmax take turns (this library's kernel), two warp groups with half the rows each in ping-pong (one's softmax
+    under the other's products, as FlashAttention-3 schedules them), and one group that issues the next tile's QKᵀ
+    before this tile's softmax. ``ledger`` is a :class:`lib.cost.ScoreLedger`; widths are its picoseconds per
+    score for a block of query rows. Returns each schedule's finishing time."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    t = ledger.seconds
+    mma = t["tensor cores"] * 1e12 / 2  # one of the two products
+    soft = max(t["exponential unit"], t["float32 lanes"]) * 1e12  # its two units overlapping each other
+    colour = {"QKᵀ": BLUE, "softmax": ORANGE, "PV": "#56B4E9"}
+    turn = [("tensor", "QKᵀ", mma), ("own", "softmax", soft), ("tensor", "PV", mma)] * tiles
+    half = [("tensor", "QKᵀ", mma / 2), ("own", "softmax", soft), ("tensor", "PV", mma / 2)] * tiles
+    lanes = []  # (row, start, name, width)
+    bars, end_turn = _schedule(1, turn)
+    lanes += [(0.0, s0, n_, w) for _, s0, n_, w in bars]
+    bars, end_pp = _schedule(2, half)
+    lanes += [(0.8 + 0.45 * g, s0, n_, w) for g, s0, n_, w in bars]
+    # one group, pipelined: QKᵀ of tile j + 1 runs on the tensor cores during the softmax of tile j
+    clock, row = mma, 2.5
+    lanes.append((row - 0.2, 0.0, "QKᵀ", mma))
+    for j in range(tiles):
+        lanes.append((row + 0.2, clock, "softmax", soft))
+        if j < tiles - 1:
+            lanes.append((row - 0.2, clock, "QKᵀ", mma))
+        clock += max(soft, mma if j < tiles - 1 else 0.0)
+        lanes.append((row - 0.2, clock, "PV", mma))
+        clock += mma
+    end_pipe = clock
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.5, 3.4))
+    for y, s0, name, width in lanes:
+        ax.barh(y, width, left=s0, height=0.36, color=colour[name], edgecolor="white")
+    for y, end in ((0.0, end_turn), (1.025, end_pp), (2.5, end_pipe)):
+        ax.text(end + 0.03, y, f"{end:.2f}", va="center", fontsize=8)
+    ax.set_yticks([0.0, 0.8, 1.25, 2.5],
+                  ["one warp group,\nin turn", "ping-pong, group 1", "group 2", "one group,\nnext QKᵀ early"])
+    ax.invert_yaxis()
+    ax.set_xlim(0, end_turn * 1.12)
+    ax.set_xlabel(f"picoseconds per score, {tiles} key tiles (the ledger's times at d = {ledger.d}, H100)")
+    ax.set_title("The same work, three schedules: overlap hides the softmax")
+    ax.legend(handles=[Patch(color=c, label=w) for w, c in colour.items()], loc="upper center",
+              bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=8, frameon=False)
+    ax.grid(axis="y", visible=False)
+    return {"in turn": end_turn, "ping-pong": end_pp, "pipelined": end_pipe}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""FlashAttention on a GPU: softmax(q kᵀ · scale) v as Triton kernels, forward and backward (chapter 8).
+"""FlashAttention on a GPU: softmax(q kᵀ · scale) v as Triton kernels, forward and backward (chapter 9).
 
 The algorithm is chapter 7's tiled loop the FlashAttention-2 way round: one program per (batch·head, query block)
 keeps its queries, a running maximum, a running sum and an output accumulator on chip, and walks the key blocks.
@@ -10,7 +10,7 @@ Shapes as in :mod:`lib.attention`: q (..., L, E), k (..., S, E), v (..., S, Ev).
 dimensions into one, Z, so every kernel sees q (Z, L, E), k (Z, S, E), v (Z, S, Ev), reached through strides.
 
 On a CPU, Triton's interpreter runs the same kernels, slowly, when the environment variable TRITON_INTERPRET=1 is
-set before Triton is first imported (by anything: some torch modules import it): the tests and chapter 8 use it at
+set before Triton is first imported (by anything: some torch modules import it): the tests and chapter 9 use it at
 small sizes.
 """
 
@@ -102,7 +102,7 @@ BACKWARD_TILES = BACKWARD_KV_TILES  # the name the sweeps used before the dQ ker
 
 @dataclass(frozen=True)
 class Variant:
-    """Which of the kernel's design steps are on: each can be switched alone, to be measured alone (chapter 8)."""
+    """Which of the kernel's design steps are on: each can be switched alone, to be measured alone (chapter 9)."""
 
     fold_scale: bool = True  # forward: max on raw scores, scale folded into the exponent's FMA (one op less a score)
     delta_kernel: bool = True  # backward: D = rowsum(dO ∘ O) in a Triton kernel, not in eager PyTorch
@@ -802,7 +802,7 @@ def _check_variant(variant, deterministic):
 
 
 def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, deterministic=False, variant=None):
-    """FlashAttention-2 in Triton: softmax(q kᵀ · scale) v without the (..., L, S) matrix (chapter 8).
+    """FlashAttention-2 in Triton: softmax(q kᵀ · scale) v without the (..., L, S) matrix (chapter 9).
 
     q (..., L, E), k (..., S, E), v (..., S, Ev) torch tensors on a CUDA GPU, in float16, bfloat16 or float32,
     batch dims broadcast; returns (..., L, Ev) in the inputs' dtype. Any L and S (not only multiples of the tile
