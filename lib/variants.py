@@ -33,7 +33,7 @@ from lib.positions import apply_rope
 __all__ = [
     "sink_attention", "streaming_keep", "masked_forward", "sliding_window_mask", "RollingKVCache",
     "LatentAttention", "elu_feature", "linear_attention", "linear_attention_recurrent",
-    "linear_attention_chunked", "RecallNet", "recall_batch",
+    "linear_attention_chunked", "RecallNet", "recall_batch", "streaming_mask",
 ]
 
 
@@ -282,6 +282,9 @@ class LatentAttention(nn.Module):
         Scores: q_nope·(c W_uk[h]) = (q_nope W_uk[h]ᵀ)·c, so each head's query is moved into latent space once
         and dotted with the cached latents. Output: Σ_j w_j (c_j W_uv[h]) = (Σ_j w_j c_j) W_uv[h].
         """
+        if cache is not None and (cache[0].shape[-1] != self.d_latent or cache[1].shape[-1] != self.d_rope):
+            raise ValueError(f"the cache holds latents of {cache[0].shape[-1]} and rotary keys of "
+                             f"{cache[1].shape[-1]}; this layer has d_latent={self.d_latent}, d_rope={self.d_rope}")
         start = 0 if cache is None else cache[0].shape[-2]
         c_new, kr_new = self.latent(x, start)
         c, k_rope = (c_new, kr_new) if cache is None else (
