@@ -26,7 +26,7 @@ from lib.backend import (
     _shape,
 )
 
-__all__ = ["tiled_attention", "tile_count"]
+__all__ = ["tile_count", "tiled_attention"]
 
 
 DEFAULT_BLOCK = (256, 2048)

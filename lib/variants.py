@@ -31,9 +31,19 @@ from torch.nn import functional as F
 from lib.positions import apply_rope
 
 __all__ = [
-    "sink_attention", "streaming_keep", "masked_forward", "sliding_window_mask", "RollingKVCache",
-    "LatentAttention", "elu_feature", "linear_attention", "linear_attention_recurrent",
-    "linear_attention_chunked", "RecallNet", "recall_batch", "streaming_mask",
+    "LatentAttention",
+    "RecallNet",
+    "RollingKVCache",
+    "elu_feature",
+    "linear_attention",
+    "linear_attention_chunked",
+    "linear_attention_recurrent",
+    "masked_forward",
+    "recall_batch",
+    "sink_attention",
+    "sliding_window_mask",
+    "streaming_keep",
+    "streaming_mask",
 ]
 
 
