@@ -38,6 +38,7 @@ __all__ = [
     "linear_attention",
     "linear_attention_chunked",
     "linear_attention_recurrent",
+    "lookup_batch",
     "masked_forward",
     "recall_batch",
     "sink_attention",
@@ -126,6 +127,32 @@ def streaming_mask(n, window, n_sink=0, *, device=None):
         raise ValueError(f"n_sink must be an integer >= 0, got {n_sink!r}")
     band[:, :n_sink] = True
     return band.tril()  # (n, n): never the future
+
+
+def lookup_batch(gen, size, n_tokens=24, n_symbols=64, max_gap=8, p_repeat=0.3):
+    """The task chapter 12 trains on: at every position, the token that followed this token's last earlier
+    occurrence, or ``none`` when it has none.
+
+    Token 0 is a fixed BOS (``n_symbols``); the others are distinct symbols except that, with probability
+    ``p_repeat``, a position repeats the token 2 to ``max_gap - 1`` places back, so that every answer lies within
+    the last ``max_gap`` tokens. Returns tokens (size, n_tokens) and targets (size, n_tokens); the answer "none"
+    is ``n_symbols + 1``. The vocabulary is ``n_symbols + 2``.
+    """
+    if n_tokens - 1 > n_symbols:
+        raise ValueError(f"n_tokens={n_tokens} needs n_symbols >= n_tokens - 1 distinct symbols, got {n_symbols}")
+    bos, none = n_symbols, n_symbols + 1
+    tokens = torch.rand(size, n_symbols, generator=gen).argsort(-1)[:, :n_tokens].clone()  # distinct symbols
+    tokens[:, 0] = bos
+    repeat = torch.rand(size, n_tokens, generator=gen) < p_repeat
+    gap = torch.randint(2, max_gap, (size, n_tokens), generator=gen)
+    for p in range(3, n_tokens):
+        src = (p - gap[:, p]).clamp(min=1)
+        tokens[repeat[:, p], p] = tokens[repeat[:, p], src[repeat[:, p]]]
+    same = (tokens[:, :, None] == tokens[:, None, :]).tril(-1)  # (size, n, n): an earlier equal token
+    same[:, :, 0] = False  # BOS is no symbol
+    last = torch.where(same, torch.arange(n_tokens), -1).amax(-1)  # (size, n): -1 where none
+    after = tokens.gather(1, (last + 1).clamp(min=0))
+    return tokens, torch.where(last >= 0, after, torch.full_like(after, none))
 
 
 def masked_forward(model, tokens, mask=None, *, sinks=None, attend=None, return_weights=False):

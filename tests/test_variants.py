@@ -236,3 +236,18 @@ def test_cache_bytes_count_what_the_caches_hold():
         cost.windowed_cache_bytes([], 2, 16, 7, 4)
     with pytest.raises(ValueError, match="window must be an integer >= 1"):
         cost.band_scores(5, 0)
+
+
+def test_lookup_batch_answers_with_the_token_after_the_last_occurrence():
+    tokens, targets = vr.lookup_batch(torch.Generator().manual_seed(3), 40, n_tokens=16, n_symbols=20, max_gap=5)
+    bos, none = 20, 21
+    assert bool((tokens[:, 0] == bos).all())
+    for row, target in zip(tokens.tolist(), targets.tolist()):
+        for p in range(16):
+            earlier = [j for j in range(1, p) if row[j] == row[p]]
+            assert target[p] == (row[earlier[-1] + 1] if earlier and p > 0 else none)
+            if earlier:
+                assert p - earlier[-1] < 5  # the answer lies within the last max_gap tokens
+    assert 0 < int((targets != none).sum()) < targets.numel()
+    with pytest.raises(ValueError, match="distinct symbols"):
+        vr.lookup_batch(torch.Generator(), 1, n_tokens=30, n_symbols=20)
