@@ -174,10 +174,11 @@ def _forward_tiles(
     PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr, WINDOW=0, WINDOWED: tl.constexpr = False,
 ):
     """The online softmax over key tiles lo, lo + BLOCK_N, ... < hi. MASKED tiles may reach past S or into a
-    row's causal future (or, WINDOWED, before its window); the others are wholly allowed, and skip the comparisons. A tile's addresses are formed
+    row's causal future; the others are wholly allowed, and skip the comparisons. A tile's addresses are formed
     where it is loaded, from the tile's 64-bit base and 32-bit offsets within it: a tensor of BLOCK_E × BLOCK_N
     pointers kept across the loop would take registers that the matrix products need. TMA: K_z and V_z are tensor
-    descriptors, and one instruction copies a whole tile (rows past S and columns past E arrive as zeros)."""
+    descriptors, and one instruction copies a whole tile (rows past S and columns past E arrive as zeros).
+    WINDOWED (chapter 12): the MASKED tiles also drop keys older than each row's window of WINDOW keys."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + cols0  # (BLOCK_N,) key indices of this tile
         if TMA:
@@ -668,7 +669,8 @@ def _forward(q, k, v, causal, scale, tiles=None, variant=None, window=None):
             scale * LOG2_E, _bucket(L), _bucket(S), _bucket(Z),
             E=E, EV=EV, BLOCK_E=_head_block(E), BLOCK_EV=_head_block(EV), CAUSAL=causal,
             PRECISION=_precision(q.dtype), FOLD=variant.fold_scale, TMA=tma,
-            LPT=variant.lpt, tiles=tiles, WINDOW=window or 0, WINDOWED=window is not None,
+            LPT=variant.lpt, tiles=tiles,
+            WINDOW=window or 0, WINDOWED=window is not None,  # chapter 12
         )
     return o, lse
 
