@@ -115,3 +115,12 @@ def test_window_errors_name_the_argument():
         flash.flash_attention(qd, kd, vd, window=4)
     with pytest.raises(NotImplementedError, match="forward pass only"):
         flash.flash_attention(qd.requires_grad_(), kd, vd, causal=True, window=4)
+
+
+def test_tiled_window_gradients_equal_sdpa_with_the_band_mask():
+    q, k, v = (t.requires_grad_() for t in qkv(20, 20, seed=3))
+    out = tiled_attention(q, k, v, causal=True, window=6, block_size=(4, 4))
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    expected = torch.autograd.grad(band_oracle(q, k, v, 6).square().sum(), (q, k, v))
+    for ours, theirs in zip(grads, expected):
+        torch.testing.assert_close(ours, theirs)
