@@ -421,3 +421,70 @@ def cache_outweighs_weights(shape, *, batch=1, bytes_per_number=2):
     per_token = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, 1, bytes_per_number,
                                _count("batch", batch))
     return shape.params * bytes_per_number / per_token
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapter 12: what the variants of the formula cache and score. A sliding window caps the cache of its layers at
+# `window` tokens and a row's scores at `window`; latent attention caches one latent and one rotary key per token
+# for all heads; linear attention keeps a fixed state. Counts, not measurements.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def band_scores(n, window=None):
+    """(query, key) scores a causal sliding window of ``window`` keys computes over n tokens (all of them: None).
+
+    Row i scores min(i + 1, window) keys, so the total grows like n · window once n passes the window, against
+    n (n + 1) / 2 for the causal mask (:func:`lib.tiles.tile_count` counts the tiles a kernel visits for it).
+    """
+    n = _count("n", n, 0)
+    w = n if window is None else min(n, _count("window", window))
+    return w * (w + 1) // 2 + (n - w) * w  # the first w rows fill up, the rest score w keys each
+
+
+def mla_cache_bytes(n_layers, d_latent, d_rope, n_tokens, bytes_per_number, batch=1):
+    """Bytes of a multi-head latent attention cache: layers · (d_latent + d_rope) · tokens · bytes · batch.
+
+    One latent and one decoupled rotary key per token and layer, shared by every head (DeepSeek-V2).
+    """
+    n_layers, d_latent, d_rope = _count("n_layers", n_layers), _count("d_latent", d_latent), _count("d_rope", d_rope)
+    n_tokens, batch = _count("n_tokens", n_tokens, 0), _count("batch", batch)
+    return n_layers * (d_latent + d_rope) * n_tokens * _count("bytes_per_number", bytes_per_number) * batch
+
+
+def windowed_cache_bytes(windows, n_kv_heads, d_head, n_tokens, bytes_per_number, batch=1):
+    """Bytes of a KV cache whose layers hold at most their window: ``windows`` has one entry per layer, an int for
+    a sliding-window layer (a rolling cache of that many slots) or None for a global layer (every token)."""
+    if not windows:
+        raise ValueError("windows needs one entry per layer: an int window, or None for a global layer")
+    n_tokens = _count("n_tokens", n_tokens, 0)
+    kept = [n_tokens if w is None else min(n_tokens, _count("window", w)) for w in windows]
+    return sum(kv_cache_bytes(1, n_kv_heads, d_head, k, bytes_per_number, batch) for k in kept)
+
+
+def linear_state_bytes(n_layers, n_heads, d_head, d_v, bytes_per_number):
+    """Bytes of a linear-attention model's recurrent state: per layer and head, a d_head × d_v matrix and a d_head
+    normaliser, whatever the number of tokens."""
+    sizes = [_count(n, v) for n, v in (("n_layers", n_layers), ("n_heads", n_heads), ("d_head", d_head),
+                                       ("d_v", d_v), ("bytes_per_number", bytes_per_number))]
+    n_layers, n_heads, d_head, d_v, b = sizes
+    return n_layers * n_heads * (d_head * d_v + d_head) * b
+
+
+# Published configurations (each model's config.json on the Hugging Face Hub, and the papers cited in chapter 12).
+# MHA, GQA and MQA are the same cache with as many key/value heads as query heads, a few, or one; "as MHA" is what
+# DeepSeek-V3's 128 heads would cache as keys and values of 128 numbers each, the comparison DeepSeek-V2's paper
+# makes (its keys are in fact 128 + 64 wide: the cost of MHA is, if anything, understated).
+CACHE_CONFIGS = {
+    "Llama 2 7B (MHA)": {"n_layers": 32, "n_kv_heads": 32, "d_head": 128},
+    "Llama 3 70B (GQA, 8 groups)": {"n_layers": 80, "n_kv_heads": 8, "d_head": 128},
+    "Falcon 7B (MQA)": {"n_layers": 32, "n_kv_heads": 1, "d_head": 64},
+    "DeepSeek-V3 as MHA": {"n_layers": 61, "n_kv_heads": 128, "d_head": 128},
+    "DeepSeek-V3 (MLA)": {"n_layers": 61, "d_latent": 512, "d_rope": 64},
+}
+
+
+def cache_bytes_per_token(config, bytes_per_number=2):
+    """Cache bytes one token adds, for a CACHE_CONFIGS entry (or a dict like one): MLA if it has ``d_latent``."""
+    if "d_latent" in config:
+        return mla_cache_bytes(config["n_layers"], config["d_latent"], config["d_rope"], 1, bytes_per_number)
+    return kv_cache_bytes(config["n_layers"], config["n_kv_heads"], config["d_head"], 1, bytes_per_number)

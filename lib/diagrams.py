@@ -1170,3 +1170,116 @@ def tile_grid(scores, block_q, block_k):
     for spine in ax.spines.values():
         spine.set_visible(False)
     return fig
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapter 12: the formula as models changed it
+# --------------------------------------------------------------------------------------------------------------
+
+
+def window_tiles(masks, titles, block):
+    """Chapter 12: boolean masks (True = may attend) over a grid of (block × block) tiles, side by side.
+
+    Allowed cells are blue; a tile with no allowed cell is hatched grey, a tile the kernel never visits. Each
+    title gets the count of tiles visited. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    masks = [np.asarray(m, dtype=bool) for m in masks]
+    fig, axes = plt.subplots(1, len(masks), figsize=(3.6 * len(masks), 4.1), squeeze=False, layout="constrained")
+    for ax, mask, title in zip(axes[0], masks, titles):
+        L, S = mask.shape
+        ax.imshow(np.where(mask, 1.0, 0.0), cmap="Blues", vmin=-0.15, vmax=1.3, extent=(0, S, L, 0))
+        visited = 0
+        for i0 in range(0, L, block):
+            for j0 in range(0, S, block):
+                h, w = min(block, L - i0), min(block, S - j0)
+                if mask[i0:i0 + h, j0:j0 + w].any():
+                    visited += 1
+                else:
+                    ax.add_patch(Rectangle((j0, i0), w, h, facecolor="#D9D9D9", edgecolor="#8C8C8C",
+                                           hatch="///", lw=0))
+        for x in range(0, S + 1, block):
+            ax.axvline(x, color=INK, lw=1.2)
+        for y in range(0, L + 1, block):
+            ax.axhline(y, color=INK, lw=1.2)
+        ax.set(xlim=(0, S), ylim=(L, 0), xlabel="key position j", xticks=[], yticks=[])
+        ax.set_title(f"{title}\n{visited} of {-(-L // block) * -(-S // block)} tiles visited", fontsize=11)
+        ax.grid(False)
+    axes[0][0].set_ylabel("query position i")
+    fig.legend(handles=[Patch(facecolor="#3A7DC0", label="may attend"),
+                        Patch(facecolor="#D9D9D9", edgecolor="#8C8C8C", hatch="///", label="tile skipped")],
+               loc="outside lower center", ncol=2, frameon=False, fontsize=9.5)
+    return fig
+
+
+def sink_and_eviction(weights, accuracy, *, first_label="BOS"):
+    """Chapter 12: one head's attention (L, L) with its first column marked, beside the accuracy of each cache.
+
+    ``accuracy`` maps a cache's name to the held-out accuracy with it. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    weights = np.asarray(weights, dtype=float)
+    fig, (ax_map, ax_bar) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=[1, 1.25], layout="constrained")
+    image = ax_map.imshow(weights, cmap="viridis", vmin=0, vmax=1)
+    ax_map.add_patch(plt.Rectangle((-0.5, -0.5), 1, weights.shape[0], fill=False, edgecolor=ORANGE, lw=2.5))
+    ax_map.set(xlabel=f"key position j (0 = {first_label})", ylabel="query position i",
+               title=f"{weights[1:, 0].mean():.2f} of the weight, on average, on key 0")
+    ax_map.grid(False)
+    fig.colorbar(image, ax=ax_map, shrink=0.8, label="attention weight")
+    names, values = list(accuracy), [accuracy[n] for n in accuracy]
+    bars = ax_bar.barh(names, values, color=[BLUE, ORANGE, GREEN, "#CC79A7"][:len(names)])
+    for bar, value in zip(bars, values):
+        ax_bar.text(value + 0.01, bar.get_y() + bar.get_height() / 2, f"{value:.2f}", va="center")
+    ax_bar.set(xlim=(0, 1.1), xlabel="held-out accuracy", title="The same model under three caches")
+    ax_bar.invert_yaxis()
+    return fig
+
+
+def cache_per_token(per_token):
+    """Chapter 12: cache bytes one token adds, per model (a dict name -> bytes), as bars on a log scale."""
+    import matplotlib.pyplot as plt
+
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    names = list(per_token)
+    values = [per_token[n] for n in names]
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(names) + 1.4), layout="constrained")
+    bars = ax.barh(names, values, color=[ORANGE if "MLA" in n else BLUE for n in names])
+    for bar, value in zip(bars, values):
+        ax.text(value * 1.1, bar.get_y() + bar.get_height() / 2, f"{value / 1024:,.0f} KiB", va="center")
+    ax.set_xscale("log")
+    ax.set_xlim(min(values) / 2, max(values) * 8)
+    ax.set(xlabel="cache bytes per token, all layers, 16-bit numbers (log scale)",
+           title="What one token adds to the cache, per model")
+    ax.invert_yaxis()
+    return fig
+
+
+def recall_curves(n_pairs, accuracy, *, d):
+    """Chapter 12: held-out recall against the number of stored pairs, one line per attention (name -> list)."""
+    import matplotlib.pyplot as plt
+
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    fig, ax = plt.subplots(figsize=(7.5, 4.0), layout="constrained")
+    for (name, acc), marker in zip(accuracy.items(), "os^"):
+        ax.plot(n_pairs, acc, marker=marker, label=name)
+    ax.axvline(d, color="#8C8C8C", ls="--", lw=1)
+    ax.text(d * 1.05, 0.05, f"d = {d}", color="#555555")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(n_pairs, [str(n) for n in n_pairs])
+    ax.set(ylim=(0, 1.05), xlabel="key-value pairs in the context", ylabel="held-out recall accuracy",
+           title="Softmax keeps recalling; the fixed linear state does not")
+    ax.legend()
+    return fig
