@@ -268,13 +268,14 @@ def causal_mask(L, S=None, *, like=None, align="top-left"):
     return ops.arange(S, like)[None, :] <= rows  # (L, S)
 
 
-def padding_mask(lengths, S, *, heads=False):
-    """Boolean (B, 1, S) mask, True on each sequence's first ``lengths[b]`` keys, the real tokens (chapter 5).
+def padding_mask(lengths, S, *, heads=True):
+    """Boolean mask, True on each sequence's first ``lengths[b]`` keys, the real tokens (chapter 5).
 
-    Broadcasts against scores of shape (B, L, S), and against the modules' (..., L, S), which every head
-    shares. For multi-head scores (B, H, L, S), as :func:`attention` sees them when given split heads, pass
-    ``heads=True``: the mask is then (B, 1, 1, S), SDPA's 4-D layout. Without it, a (B, 1, S) mask would
-    broadcast as (1, B, 1, S) and pair batch b with head b: an error when B != H, a wrong answer when B == H.
+    A per-sequence argument is read per sequence: the mask is (B, 1, 1, S) by default, SDPA's 4-D layout, which
+    broadcasts against multi-head scores (B, H, L, S) as sequence b on every head of sequence b. For single-head
+    scores (B, L, S) pass ``heads=False``: the mask is then (B, 1, S). Each layout refuses the other's scores
+    with a ValueError (a (B, 1, S) mask against (B, H, L, S) would broadcast as (1, B, 1, S) and pair sequence b
+    with head b). The multi-head modules and :func:`lib.modules.grouped_attention` take either.
     ``lengths`` is a 1-D sequence of integers, each between 0 and ``S``; a torch tensor gives a torch mask on
     its device.
     """
@@ -298,7 +299,7 @@ def padding_mask(lengths, S, *, heads=False):
         raise ValueError(f"lengths must be at most S={S}, got {lens.tolist()}")
     positions = ops.arange(S, lens)  # (S,)
     mask = (positions[None, :] < lens[:, None])[:, None, :]  # (B, 1, S)
-    return mask[:, None] if heads else mask  # (B, 1, 1, S) or (B, 1, S)
+    return mask[:, None] if heads else mask  # (B, 1, 1, S), or (B, 1, S) with heads=False
 
 
 def best_device():
