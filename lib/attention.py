@@ -52,7 +52,6 @@ from lib.backend import (
     _torch_module,
     _TorchOps,
 )
-from lib.tiles import tiled_attention
 
 __all__ = [
     "attention",
@@ -62,36 +61,9 @@ __all__ = [
     "causal_mask",
     "padding_mask",
     "softmax",
-    "tiled_attention",
-]  # and flash_attention, imported on first use (below)
+]  # the reference imports nothing above it: the tiles live in lib.tiles, the kernels in lib.flash and
+# lib.flash_decode, each exported from there alone
 
-
-def __getattr__(name):
-    """``flash_attention`` (chapter 8) is imported on first use: it needs torch and Triton, which NumPy readers
-    never load, and Triton decides when the kernels are defined whether they run on a GPU or in its interpreter."""
-    if name == "flash_attention":
-        try:
-            from lib.flash import flash_attention
-        except ModuleNotFoundError as err:
-            if err.name != "triton":
-                raise
-            raise ModuleNotFoundError(
-                "flash_attention needs Triton: `pip install triton` (CUDA builds of PyTorch, and Colab, ship it)",
-                name="triton",
-            ) from None
-        return flash_attention
-    if name == "flash_decode":  # split-KV decoding (chapter 11), imported on first use for the same reasons
-        try:
-            from lib.flash_decode import flash_decode
-        except ModuleNotFoundError as err:
-            if err.name != "triton":
-                raise
-            raise ModuleNotFoundError(
-                "flash_decode needs Triton: `pip install triton` (CUDA builds of PyTorch, and Colab, ship it)",
-                name="triton",
-            ) from None
-        return flash_decode
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # --------------------------------------------------------------------------------------------------------------
 # Softmax

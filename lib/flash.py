@@ -22,8 +22,16 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ModuleNotFoundError as err:
+    if err.name != "triton":
+        raise
+    raise ModuleNotFoundError(
+        "lib.flash and lib.flash_decode need Triton: `pip install triton` (CUDA builds of PyTorch, and Colab, "
+        "ship it)", name="triton") from None
 
 from lib.backend import _check_causal, _check_scale
 
@@ -749,7 +757,7 @@ def _check(q, k, v, mask):
     if mask is not None:
         raise ValueError(
             "flash_attention takes no mask: its kernel knows only causal=True. For a boolean or additive mask use "
-            "attn.attention(q, k, v, mask) or attn.tiled_attention"
+            "attn.attention(q, k, v, mask) or lib.tiles.tiled_attention"
         )
     devices = {n: x.device for n, x in named.items()}
     if len(set(devices.values())) > 1:
@@ -845,7 +853,7 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
         raise ValueError(
             f"flash_attention's kernel aligns the causal pattern top-left (query i sees keys j <= i); "
             f"causal={causal!r} with L={L} queries and S={S} keys needs the offset {offset}: use "
-            "lib.attention.flash_decode (the last L of S tokens) or lib.attention.attention"
+            "lib.flash_decode.flash_decode (the last L of S tokens) or lib.attention.attention"
         )
     causal = offset == 0
     scale = _check_scale(scale, E)

@@ -325,7 +325,7 @@ def _check_tensors(fn, named):
     if torch.is_grad_enabled() and any(x.requires_grad for x in named.values()):
         grad = next(n for n, x in named.items() if x.requires_grad)
         raise ValueError(f"{grad} requires grad, but {fn} is not differentiable (it is for inference): run it under "
-                         "torch.no_grad(), or use lib.attention.flash_attention to train")
+                         "torch.no_grad(), or use lib.flash.flash_attention to train")
     q = named["q"]
     if q.dtype not in DTYPES:
         raise TypeError(f"{fn} computes in float16, bfloat16 or float32; got {q.dtype}")

@@ -81,7 +81,16 @@ def _check_states(states):
         if not isinstance(state, (tuple, list)) or len(state) != 2:
             raise TypeError(f"state {i} must be a pair (out, lse), got {type(state).__name__}")
     named = {f"out{i}": s[0] for i, s in enumerate(states)} | {f"lse{i}": s[1] for i, s in enumerate(states)}
+    for name, x in named.items():
+        if x is None:
+            raise TypeError(f"{name} is None: a state is a pair of arrays (out, lse)")
     ops = _backend(named)
+    if ops is _NUMPY:  # plain lists and scalars are read as NumPy arrays
+        try:
+            named = {name: np.asarray(x) for name, x in named.items()}
+        except (ValueError, TypeError) as err:
+            raise TypeError(f"a state could not be read as numeric arrays: {err}") from None
+        states = [(named[f"out{i}"], named[f"lse{i}"]) for i in range(len(states))]
     for name, x in named.items():
         floating = getattr(x.dtype, "is_floating_point", None)  # torch dtypes answer; NumPy's go by their kind
         if not (floating if floating is not None else np.dtype(x.dtype).kind == "f"):

@@ -9,9 +9,7 @@ Two pairs of mirrored twins with the same parameter names and the same arithmeti
     TorchMultiHeadAttention  its twin, calling scaled_dot_product_attention on 4-D inputs
 
 The NumPy twins live here, and this module imports without torch. The ``torch.nn`` twins live in :mod:`lib.nn`,
-which imports torch at its top; ``lib.modules.TorchSelfAttention`` and the other torch names
-(``TorchMultiHeadAttention``, ``to_multihead_attention``, ``from_multihead_attention``) still work from here, and
-import :mod:`lib.nn` the first time they are asked for.
+which imports torch at its top, and are imported from there alone: ``from lib.nn import TorchMultiHeadAttention``.
 
 Shape vocabulary, as in :mod:`lib.attention`, plus the sizes of the projections and the heads::
 
@@ -61,8 +59,6 @@ from lib.backend import (
     _compute_dtype,
 )
 
-# The torch names (TorchSelfAttention, TorchMultiHeadAttention, to_multihead_attention, from_multihead_attention)
-# are public too; they live in lib.nn and are fetched from there on first access by __getattr__ below.
 __all__ = [
     "MultiHeadAttention",
     "SelfAttention",
@@ -494,25 +490,3 @@ class MultiHeadAttention:
         out, weights = out if return_weights else (out, None)
         out = merge_heads(out) @ self.w_o  # (..., L, D)
         return (out, weights) if return_weights else out
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The torch twins live in lib.nn, which imports torch; they are fetched from there when first asked for
-# --------------------------------------------------------------------------------------------------------------
-
-_TORCH_NAMES = ("TorchSelfAttention", "TorchMultiHeadAttention", "to_multihead_attention", "from_multihead_attention")
-
-
-def __getattr__(name):
-    if name in _TORCH_NAMES:
-        from lib import nn as torch_room  # imports torch
-
-        value = getattr(torch_room, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    """The module's names with the torch ones, which exist once asked for (so help() and the API page list them)."""
-    return sorted(set(globals()) | set(_TORCH_NAMES))

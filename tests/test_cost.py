@@ -11,7 +11,7 @@ from lib import attention as attn
 from lib import cost
 from lib.cost import kv_cache_bytes
 from lib.decoding import KVCache
-from lib.modules import TorchMultiHeadAttention
+from lib.nn import TorchMultiHeadAttention
 
 
 def test_attention_flops_by_hand_and_by_flop_counter():

@@ -9,7 +9,8 @@ from lib import attention as attn
 from lib import decoding
 from lib.cost import kv_cache_bytes
 from lib.decoding import KVCache, decode_step
-from lib.modules import MultiHeadAttention, TorchMultiHeadAttention
+from lib.modules import MultiHeadAttention
+from lib.nn import TorchMultiHeadAttention
 
 TOL32 = {"rtol": 1e-5, "atol": 1e-6}
 

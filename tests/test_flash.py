@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lib import attention as attn
 from lib import flash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,7 +35,7 @@ def oracle(q, k, v, causal=False, scale=None, do=None):
 
 def run(q, k, v, do, **kw):
     q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    out = attn.flash_attention(q, k, v, **kw)
+    out = flash.flash_attention(q, k, v, **kw)
     out.backward(do)
     return out, [q.grad, k.grad, v.grad]
 
@@ -120,7 +119,7 @@ def test_causal_skips_future_tiles_rather_than_masking_them():
     assert tile.block_m == 16 and tile.block_n == 16
     q, k, v = randn(64, 16), randn(64, 16, seed=1), randn(64, 16, seed=2)
     v[32:] = float("nan")
-    out = attn.flash_attention(q, k, v, causal=True)
+    out = flash.flash_attention(q, k, v, causal=True)
     assert out[32:].isnan().any()
     expected, _ = oracle(q[:32], k[:32], v[:32], causal=True)
     torch.testing.assert_close(out[:32].double(), expected, rtol=1e-5, atol=2e-6)
@@ -130,24 +129,24 @@ def test_causal_takes_the_library_spellings_of_alignment():
     # The library spells causal alignment one way everywhere: True is "top-left"; "bottom-right" places the
     # diagonal S - L to the right, which this kernel cannot, so it is the same when L == S and refused otherwise.
     q, k, v = randn(2, 24, 16), randn(2, 24, 16, seed=1), randn(2, 24, 8, seed=2)
-    top = attn.flash_attention(q, k, v, causal=True)
-    torch.testing.assert_close(attn.flash_attention(q, k, v, causal="top-left"), top, rtol=0, atol=0)
-    torch.testing.assert_close(attn.flash_attention(q, k, v, causal="bottom-right"), top, rtol=0, atol=0)
+    top = flash.flash_attention(q, k, v, causal=True)
+    torch.testing.assert_close(flash.flash_attention(q, k, v, causal="top-left"), top, rtol=0, atol=0)
+    torch.testing.assert_close(flash.flash_attention(q, k, v, causal="bottom-right"), top, rtol=0, atol=0)
     with pytest.raises(ValueError, match="top-left.*flash_decode"):
-        attn.flash_attention(q[:, :8], k, v, causal="bottom-right")
+        flash.flash_attention(q[:, :8], k, v, causal="bottom-right")
     with pytest.raises(ValueError, match="causal must be"):
-        attn.flash_attention(q, k, v, causal="lower-right")
+        flash.flash_attention(q, k, v, causal="lower-right")
     with pytest.raises(TypeError, match="causal must be"):
-        attn.flash_attention(q, k, v, causal=1.0)
+        flash.flash_attention(q, k, v, causal=1.0)
 
 
 def test_no_key_gives_zeros_and_no_query_gives_nothing():
     q, k, v = randn(2, 5, 16).requires_grad_(), randn(2, 0, 16), randn(2, 0, 8)
-    out = attn.flash_attention(q, k, v)
+    out = flash.flash_attention(q, k, v)
     assert out.shape == (2, 5, 8) and (out == 0).all()
     out.sum().backward()
     assert (q.grad == 0).all()
-    assert attn.flash_attention(randn(2, 0, 16), randn(2, 4, 16), randn(2, 4, 8)).shape == (2, 0, 8)
+    assert flash.flash_attention(randn(2, 0, 16), randn(2, 4, 16), randn(2, 4, 8)).shape == (2, 0, 8)
 
 
 def test_training_saves_nothing_of_size_L_by_S():
@@ -160,7 +159,7 @@ def test_training_saves_nothing_of_size_L_by_S():
 
     q, k, v = (randn(2, n, 16).requires_grad_() for n in (L, S, S))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        attn.flash_attention(q, k, v, causal=True).sum().backward()
+        flash.flash_attention(q, k, v, causal=True).sum().backward()
     assert saved, "nothing was saved: the hook saw no tensor"
     assert max(math.prod(s) for s in saved) == 2 * L * 16  # q, k, v and the output; the logsumexp is 2 × L
     assert (2, L) in saved
@@ -168,21 +167,21 @@ def test_training_saves_nothing_of_size_L_by_S():
 
 
 BAD_CALLS = [
-    ("numpy", lambda q, k, v: attn.flash_attention(q.cpu().numpy(), k, v), TypeError, "torch tensors; q is a numpy"),
-    ("mask", lambda q, k, v: attn.flash_attention(q, k, v, torch.ones(8, 8, dtype=torch.bool)), ValueError,
+    ("numpy", lambda q, k, v: flash.flash_attention(q.cpu().numpy(), k, v), TypeError, "torch tensors; q is a numpy"),
+    ("mask", lambda q, k, v: flash.flash_attention(q, k, v, torch.ones(8, 8, dtype=torch.bool)), ValueError,
      "takes no mask"),
-    ("dtypes", lambda q, k, v: attn.flash_attention(q, k.half(), v), TypeError, "share one dtype"),
-    ("float64", lambda q, k, v: attn.flash_attention(q.double(), k.double(), v.double()), TypeError, "float16"),
-    ("ints", lambda q, k, v: attn.flash_attention(q.int(), k.int(), v.int()), TypeError, "float16"),
-    ("E", lambda q, k, v: attn.flash_attention(q, k[..., :8], v), ValueError, "k has E=8 but q has E=16"),
-    ("S", lambda q, k, v: attn.flash_attention(q, k, v[:, :3]), ValueError, "v has S=3 rows but k has S=8"),
-    ("1-D", lambda q, k, v: attn.flash_attention(q[0, 0], k, v), ValueError, "at least 2-D"),
-    ("head", lambda q, k, v: attn.flash_attention(*(torch.zeros(1, 4, 300, device=q.device) for _ in range(3))),
+    ("dtypes", lambda q, k, v: flash.flash_attention(q, k.half(), v), TypeError, "share one dtype"),
+    ("float64", lambda q, k, v: flash.flash_attention(q.double(), k.double(), v.double()), TypeError, "float16"),
+    ("ints", lambda q, k, v: flash.flash_attention(q.int(), k.int(), v.int()), TypeError, "float16"),
+    ("E", lambda q, k, v: flash.flash_attention(q, k[..., :8], v), ValueError, "k has E=8 but q has E=16"),
+    ("S", lambda q, k, v: flash.flash_attention(q, k, v[:, :3]), ValueError, "v has S=3 rows but k has S=8"),
+    ("1-D", lambda q, k, v: flash.flash_attention(q[0, 0], k, v), ValueError, "at least 2-D"),
+    ("head", lambda q, k, v: flash.flash_attention(*(torch.zeros(1, 4, 300, device=q.device) for _ in range(3))),
      ValueError, "E=300 is outside"),
-    ("batch", lambda q, k, v: attn.flash_attention(q, k[:1].expand(3, 8, 16), v), ValueError, "do not broadcast"),
-    ("causal", lambda q, k, v: attn.flash_attention(q, k, v, causal=1), TypeError, "causal must be False, True"),
-    ("scale", lambda q, k, v: attn.flash_attention(q, k, v, scale="big"), TypeError, "scale must be a real"),
-    ("devices", lambda q, k, v: attn.flash_attention(q, k.to("meta"), v), ValueError, "on one device"),
+    ("batch", lambda q, k, v: flash.flash_attention(q, k[:1].expand(3, 8, 16), v), ValueError, "do not broadcast"),
+    ("causal", lambda q, k, v: flash.flash_attention(q, k, v, causal=1), TypeError, "causal must be False, True"),
+    ("scale", lambda q, k, v: flash.flash_attention(q, k, v, scale="big"), TypeError, "scale must be a real"),
+    ("devices", lambda q, k, v: flash.flash_attention(q, k.to("meta"), v), ValueError, "on one device"),
 ]
 
 
@@ -196,23 +195,25 @@ def test_bad_input_is_named(call, exc, words):
 def test_a_cpu_tensor_without_the_interpreter_says_how_to_run_it(monkeypatch):
     monkeypatch.setattr(flash, "INTERPRETED", False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
-        attn.flash_attention(*(torch.zeros(4, 16) for _ in range(3)))
+        flash.flash_attention(*(torch.zeros(4, 16) for _ in range(3)))
 
 
 @needs_interpreter
 def test_bfloat16_is_refused_in_the_interpreter():
     with pytest.raises(TypeError, match="bfloat16 is not supported in Triton's interpreter"):
-        attn.flash_attention(*(torch.zeros(4, 16, dtype=torch.bfloat16) for _ in range(3)))
+        flash.flash_attention(*(torch.zeros(4, 16, dtype=torch.bfloat16) for _ in range(3)))
 
 
 def test_the_numpy_reference_imports_neither_torch_nor_triton_and_a_missing_triton_is_named():
     code = (
         "import sys\n"
         "from lib import attention as attn\n"
+        "from lib import tiles, cost, merge, positions, modules, decoding, paged\n"
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules, sorted(sys.modules)\n"
+        "assert not hasattr(attn, 'flash_attention') and not hasattr(attn, 'flash_decode')\n"
         "sys.modules['triton'] = None\n"
         "try:\n"
-        "    attn.flash_attention\n"
+        "    from lib import flash\n"
         "except ModuleNotFoundError as err:\n"
         "    assert 'pip install triton' in str(err), err\n"
         "else:\n"
@@ -258,7 +259,7 @@ def test_cuda_half_precision_is_as_close_as_sdpa(shape, causal, dtype):
     B, H, n, d = shape
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(B, H, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(4))
-    ours = errors_against_float32(lambda q, k, v, c: attn.flash_attention(q, k, v, causal=c), q, k, v, do, causal)
+    ours = errors_against_float32(lambda q, k, v, c: flash.flash_attention(q, k, v, causal=c), q, k, v, do, causal)
     theirs = errors_against_float32(
         lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c), q, k, v, do, causal
     )
