@@ -10,6 +10,15 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
+__all__ = [
+    "GPU", "GPUS", "MODELS", "ScoreLedger", "Transformer", "attainable_flops", "attended_pairs", "attention_bytes",
+    "attention_crossover", "attention_flops", "attention_share", "cache_outweighs_weights", "choose_num_splits",
+    "decode_attention_intensity", "decode_bytes", "decode_fits", "decode_memory_bytes", "decode_step",
+    "decode_tokens_per_s", "forward_flops", "fp32_per_score", "gpu", "intensity", "kv_cache_bytes",
+    "layer_step_flops", "max_decode_batch", "model", "predicted_sdpa_tflops", "roofline_seconds", "score_ledger",
+    "wave_efficiency",
+]
+
 
 @dataclass(frozen=True)
 class GPU:

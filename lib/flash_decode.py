@@ -38,7 +38,7 @@ from lib import flash as _flash
 from lib.backend import _check_scale
 from lib.cost import choose_num_splits
 
-__all__ = ["choose_num_splits", "flash_decode", "flash_decode_paged", "flash_decode_partials", "split_count"]
+__all__ = ["flash_decode", "flash_decode_paged", "flash_decode_partials", "split_count"]
 
 INTERPRETED = _flash.INTERPRETED
 LOG2_E = _flash.LOG2_E
