@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lib import attention as attn
 from lib import flash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -86,6 +87,70 @@ def test_custom_scale_and_non_contiguous_inputs():
     torch.testing.assert_close(out.double().cpu(), expected, rtol=1e-5, atol=2e-6)
     for got, want in zip(grads, expected_grads):
         torch.testing.assert_close(got.double().cpu(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [-0.5, -3.0, 0.0, 1e-30, 0.7])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_any_finite_scale_matches_the_reference_negative_and_zero_included(scale, causal):
+    # a negative scale turns the row maximum into the minimum; 0 multiplies the masked -inf scores by 0. The
+    # oracle is lib.attention in float64 (PyTorch's math SDPA scales q and k by sqrt(scale): NaN when negative).
+    q, k, v = randn(1, 2, 32, 16, seed=4) * 2, randn(1, 2, 32, 16, seed=5) * 2, randn(1, 2, 32, 16, seed=6)
+    do = randn(1, 2, 32, 16, seed=7)
+    out, grads = run(q, k, v, do, causal=causal, scale=scale)
+    ref = [x.detach().double().cpu().requires_grad_() for x in (q, k, v)]
+    expected = attn.attention(*ref, causal=causal, scale=scale)
+    expected.backward(do.double().cpu())
+    expected, expected_grads = expected.detach(), [x.grad for x in ref]
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double().cpu(), expected, rtol=1e-5, atol=2e-5)
+    for name, got, want in zip("qkv", grads, expected_grads):
+        torch.testing.assert_close(got.double().cpu(), want, rtol=1e-4, atol=2e-4, msg=f"d{name}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_kernels_states_merge_over_a_split_of_the_keys(causal):
+    from lib.merge import attention_state, merge_states
+
+    q, k, v = randn(2, 3, 40, 16, seed=8), randn(2, 3, 40, 16, seed=9), randn(2, 3, 40, 8, seed=10)
+    out, lse = flash.flash_attention(q, k, v, causal=causal, return_lse=True)
+    want_out, want_lse = attention_state(*(x.double().cpu() for x in (q, k, v)), causal=causal)
+    assert lse.dtype == torch.float32 and lse.shape == (2, 3, 40)
+    torch.testing.assert_close(lse.double().cpu(), want_lse, rtol=1e-5, atol=1e-5)  # natural log, not base 2
+    torch.testing.assert_close(out.double().cpu(), want_out, rtol=1e-5, atol=2e-6)
+    # keys [0, 17) and [17, 40) by the kernel, merged with lib.merge: attention over all 40 keys. Causal, the
+    # second part is the bottom rows of a top-left pattern; the rows with no key there get lse = -inf.
+    first = flash.flash_attention(q, k[..., :17, :], v[..., :17, :], causal=causal, return_lse=True)
+    if causal:  # queries 17.. over keys 17..: top-left on the lower-right block, and nothing for queries < 17
+        low = flash.flash_attention(q[..., 17:, :], k[..., 17:, :], v[..., 17:, :], causal=True, return_lse=True)
+        second = (torch.cat([torch.zeros_like(out[..., :17, :]), low[0]], -2),
+                  torch.cat([torch.full_like(lse[..., :17], -math.inf), low[1]], -1))
+    else:
+        second = flash.flash_attention(q, k[..., 17:, :], v[..., 17:, :], return_lse=True)
+    merged_out, merged_lse = merge_states([first, second])
+    torch.testing.assert_close(merged_out.double().cpu(), want_out, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(merged_lse.double().cpu(), want_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_the_logsumexp_is_differentiable():
+    from lib.merge import attention_state
+
+    q, k, v = randn(1, 2, 24, 16, seed=11), randn(1, 2, 30, 16, seed=12), randn(1, 2, 30, 8, seed=13)
+    do, dlse = randn(1, 2, 24, 8, seed=14), randn(1, 2, 24, seed=15)
+    ours = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out, lse = flash.flash_attention(*ours, return_lse=True)
+    torch.autograd.backward([out, lse], [do, dlse])
+    ref = [x.detach().double().cpu().requires_grad_() for x in (q, k, v)]
+    r_out, r_lse = attention_state(*ref)
+    torch.autograd.backward([r_out, r_lse], [do.double().cpu(), dlse.double().cpu()])
+    for name, a, b in zip("qkv", ours, ref):
+        torch.testing.assert_close(a.grad.double().cpu(), b.grad, rtol=1e-4, atol=1e-5, msg=f"d{name}")
+    only_lse = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    flash.flash_attention(*only_lse, return_lse=True)[1].sum().backward()  # the output unused: no NaN, no crash
+    r_lse2 = attention_state(*(x.detach().double().cpu().requires_grad_() for x in (q, k, v)))[1]
+    assert all(torch.isfinite(x.grad).all() for x in only_lse) and torch.isfinite(r_lse2).all()
+    assert flash.flash_attention(q[..., :0, :], k, v, return_lse=True)[1].shape == (1, 2, 0)
+    empty = flash.flash_attention(q, k[..., :0, :], v[..., :0, :], return_lse=True)[1]
+    assert empty.shape == (1, 2, 24) and (empty == -math.inf).all()
 
 
 @pytest.mark.parametrize("causal", [False, True])
