@@ -79,8 +79,7 @@ def wave_efficiency(programs: int, sms: int) -> float:
     One program per SM at a time: ``programs / sms`` waves, the last one possibly partial, so the chip is busy for
     ``waves / ceil(waves)`` of the time. 8 programs on 132 SMs: 0.06; 132: 1.0; 133: about 0.5.
     """
-    if programs < 1 or sms < 1:
-        raise ValueError(f"programs and sms must be at least 1, got {programs} and {sms}")
+    programs, sms = _count("programs", programs), _count("sms", sms)
     return (programs / sms) / -(-programs // sms)  # waves / ⌈waves⌉
 
 
@@ -119,6 +118,8 @@ def decode_bytes(batch: int, kv_heads: int, keys: int, E: int, Ev: int, bytes_pe
     out: at decoding sizes they are a fraction of a percent. Divided by ``gpu(...).hbm_bytes_per_s`` it gives the
     least time the step can take, a prediction; divided by a measured time, the bandwidth achieved.
     """
+    batch, kv_heads, keys = _count("batch", batch), _count("kv_heads", kv_heads), _count("keys", keys, 0)
+    E, Ev, bytes_per_number = _count("E", E), _count("Ev", Ev), _count("bytes_per_number", bytes_per_number)
     return batch * kv_heads * keys * (E + Ev) * bytes_per_number
 
 
@@ -142,8 +143,9 @@ FP32_PER_SCORE_UNFOLDED = 218 / 32
 def fp32_per_score(d: int, block_n: int = 64, folded: bool = True) -> float:
     """Float32 instructions per score of the forward loop at head size ``d`` with key tiles of ``block_n`` (chapter 8):
     the softmax's own, plus the accumulator's rescale, ``d / block_n``."""
-    if d <= 0 or block_n <= 0:
-        raise ValueError(f"d and block_n must be positive; got d={d}, block_n={block_n}")
+    d, block_n = _count("d", d), _count("block_n", block_n)
+    if not isinstance(folded, bool):
+        raise TypeError(f"folded must be True or False, got {type(folded).__name__}")
     return (FP32_SOFTMAX_FOLDED if folded else FP32_SOFTMAX_UNFOLDED) + d / block_n
 
 
@@ -191,23 +193,32 @@ def score_ledger(gpu: GPU, d: int, n: int = 4096, products: int = 2, exponential
     """The ledger per score of attention with head size ``d`` over ``n`` keys (chapter 8). The forward pass has 2
     products and 1 exponential a score; a backward pass 5 products (7 with a separate dQ kernel) and 1 or 2.
     ``fp32_ops`` defaults to the library's compiled forward loop, :func:`fp32_per_score` ``(d)``."""
-    if d <= 0 or n <= 0 or products <= 0:
-        raise ValueError(f"d, n and products must be positive; got d={d}, n={n}, products={products}")
-    if fp32_ops is None:
-        fp32_ops = fp32_per_score(d)
-    return ScoreLedger(gpu, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n))
+    device = globals()["gpu"](gpu)  # a GPU or its name (the argument shadows the function)
+    d, n, products, elt = _count("d", d), _count("n", n), _count("products", products), _count("elt", elt)
+    exponentials = _amount("exponentials", exponentials)
+    fp32_ops = fp32_per_score(d) if fp32_ops is None else _amount("fp32_ops", fp32_ops)
+    return ScoreLedger(device, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n))
 
 
 def predicted_sdpa_tflops(gpu: GPU, d: int, n: int = 4096) -> tuple[float, float]:
     """The forward TFLOP/s a one-warpgroup-at-a-time kernel lands between (chapter 8): all units in turn, and the
     softmax's two units overlapping each other. A kernel that overlaps products with softmax can pass the second."""
-    ledger = score_ledger(gpu, d, n)
+    ledger = score_ledger(gpu, d, n)  # which takes a GPU or its name
     return ledger.tflops("serial"), ledger.tflops("softmax")
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Chapters 7 and 10: counting attention, a transformer's forward pass, and the decode step on the roofline
 # --------------------------------------------------------------------------------------------------------------
+
+
+def _amount(name, x):
+    """A finite, non-negative real number (FLOPs, bytes, instructions), or a clear error naming it."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(x).__name__}")
+    if not 0 <= x < float("inf"):
+        raise ValueError(f"{name} must be finite and non-negative, got {x!r}")
+    return x
 
 
 def _count(name, n, low=1):
@@ -272,6 +283,7 @@ def attention_bytes(L, S=None, E=64, Ev=None, *, heads=1, kv_heads=None, batch=1
 
 def intensity(flops, nbytes):
     """Arithmetic intensity: FLOPs per byte of memory traffic (chapter 7)."""
+    flops, nbytes = _amount("flops", flops), _amount("nbytes", nbytes)
     if not nbytes > 0:
         raise ValueError(f"nbytes must be positive, got {nbytes!r}")
     return flops / nbytes
@@ -284,12 +296,14 @@ def roofline_seconds(flops, nbytes, device):
     It counts the tensor cores' rate, so it is the bound for half-precision matrix products.
     """
     device = gpu(device)
+    flops, nbytes = _amount("flops", flops), _amount("nbytes", nbytes)
     return max(flops / device.tensor_flops, nbytes / device.hbm_bytes_per_s)
 
 
 def attainable_flops(arithmetic_intensity, device):
     """FLOP/s the roofline allows at an intensity: min(peak, intensity · bandwidth) (chapter 7)."""
     device = gpu(device)
+    arithmetic_intensity = _amount("arithmetic_intensity", arithmetic_intensity)
     return min(device.tensor_flops, arithmetic_intensity * device.hbm_bytes_per_s)
 
 

@@ -175,6 +175,9 @@ def decode_step(q, k, v, cache):
     itself). Token by token, or l tokens at a time, this gives exactly the rows of full causal attention over the
     whole sequence. Hkv may divide H (grouped-query attention, :func:`lib.modules.grouped_attention`).
     """
+    if not hasattr(cache, "append") or not hasattr(cache, "__len__"):
+        raise TypeError(f"cache must be a lib.decoding.KVCache or a lib.paged.PagedKVCache, got "
+                        f"{type(cache).__name__}")
     ops = _backend({"q": q, "k": k, "v": v})
     if ops is _NUMPY:
         q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)

@@ -74,6 +74,8 @@ def attention_state(q, k, v, mask=None, *, causal=False, scale=None):
 
 
 def _check_states(states):
+    if isinstance(states, (str, bytes)) or not hasattr(states, "__iter__"):
+        raise TypeError(f"states must be an iterable of (out, lse) pairs, got {type(states).__name__}")
     states = list(states)
     if not states:
         raise ValueError("merge_states needs at least one (out, lse) state, got none")

@@ -57,6 +57,7 @@ from lib.backend import (
     _check_causal,
     _check_mask,
     _compute_dtype,
+    _is_tensor,
 )
 
 __all__ = [
@@ -105,6 +106,20 @@ def _shapes(d_model, d_k, d_v, d_out):
     if d_out is not None:
         shapes["w_o"] = (d_v, d_out)
     return shapes
+
+
+def _numpy_input(x, module, twin, name="x"):
+    """x as a floating NumPy array for a NumPy module; a torch tensor is refused with the twin's name."""
+    if _is_tensor(x):
+        raise TypeError(f"{name} is a torch.Tensor but {module} is the NumPy module: use lib.nn.{twin}, or pass "
+                        f"{name}.numpy()")
+    try:
+        x = np.asarray(x)
+    except (ValueError, TypeError) as err:
+        raise TypeError(f"{name} could not be read as a numeric array: {err}") from None
+    if x.dtype.kind not in "fiu":
+        raise TypeError(f"{name} has dtype {x.dtype}; the module needs real floating-point or integer input")
+    return x
 
 
 def _check_input(x, d_model, name="x", length="L"):
@@ -181,6 +196,19 @@ def _load_numpy_state(module, state, expected):
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _array(x, name="x"):
+    """A torch tensor as it is; anything else as a NumPy array, refused by name if it is not numeric."""
+    if _is_tensor(x):
+        return x
+    try:
+        x = np.asarray(x)
+    except (ValueError, TypeError) as err:
+        raise TypeError(f"{name} could not be read as a numeric array: {err}") from None
+    if x.dtype.kind not in "fiub":
+        raise TypeError(f"{name} has dtype {x.dtype}; a numeric array or a torch tensor is needed")
+    return x
+
+
 def split_heads(x, n_heads):
     """(..., L, H·d) -> (..., H, L, d): head i gets columns i·d to (i+1)·d - 1 of the last axis (chapter 10).
 
@@ -188,6 +216,7 @@ def split_heads(x, n_heads):
     token axis, so that every head's (L, d) block is one matrix of a batch. NumPy arrays or torch tensors.
     """
     n_heads = _check_size(n_heads, "n_heads")
+    x = _array(x)
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., L, H·d), at least 2-D; got shape {tuple(x.shape)}")
     *batch, L, width = x.shape
@@ -198,6 +227,7 @@ def split_heads(x, n_heads):
 
 def merge_heads(x):
     """(..., H, L, d) -> (..., L, H·d), the inverse of :func:`split_heads`: each token's heads side by side (chapter 10)."""
+    x = _array(x)
     if x.ndim < 3:
         raise ValueError(f"x must have shape (..., H, L, d), at least 3-D; got shape {tuple(x.shape)}")
     *batch, H, L, d = x.shape
@@ -419,7 +449,7 @@ class SelfAttention:
         ``mask`` and ``causal`` are passed to :func:`lib.attention.attention` (boolean True = may attend;
         ``causal`` False, True or ``"top-left"``, or ``"bottom-right"``, which agree here since L = S).
         """
-        x = np.asarray(x)
+        x = _numpy_input(x, "SelfAttention", "TorchSelfAttention")
         _check_input(x, self.d_model)
         q, k, v = x @ self.w_q, x @ self.w_k, x @ self.w_v  # (..., L, E), (..., L, E), (..., L, Ev)
         # without weights the library takes its cheaper path, so the output is exactly attn.attention's
@@ -479,7 +509,7 @@ class MultiHeadAttention:
         queries (..., H, L, d) and the new keys (..., Hkv, L, d), whose first token is at position ``start`` (the
         cache's length, else 0), before the keys are cached: where rotary position embeddings plug in.
         """
-        x = np.asarray(x)
+        x = _numpy_input(x, "MultiHeadAttention", "TorchMultiHeadAttention")
         _check_input(x, self.d_model)
         check = lambda c: _check_context(np.asarray(c), x, self.d_model)
         q, k, v, follows_cache = _heads_to_attend(self, x, context, cache, check, rotate)  # q (..., H, L, d)

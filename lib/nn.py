@@ -253,6 +253,9 @@ def to_multihead_attention(module):
     d_out must be d_model too). It keeps the module's dropout probability (0 for the NumPy modules), which acts
     only while it trains. Call it as ``mha(x, x, x)``; its masks use True = may NOT attend.
     """
+    if not isinstance(module, (SelfAttention, MultiHeadAttention, TorchSelfAttention, TorchMultiHeadAttention)):
+        raise TypeError(f"module must be a SelfAttention, MultiHeadAttention or one of their torch twins, got "
+                        f"{type(module).__name__}")
     D = module.d_model
     n_heads = getattr(module, "n_heads", None)
     if n_heads is None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import numbers
 import os
 import pathlib
 import struct
@@ -68,6 +69,8 @@ def _check_layout(layout):
 
 def _check_split(N, world_size, layout):
     _check_layout(layout)
+    if isinstance(N, bool) or not isinstance(N, numbers.Integral) or N < 0:
+        raise ValueError(f"N must be a whole number of tokens, got {N!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     parts = world_size if layout == "contiguous" else 2 * world_size
@@ -87,20 +90,36 @@ def _runs(n, rank, world_size, layout):
     return [(slice(0, h), rank * h), (slice(h, n), (2 * world_size - 1 - rank) * h)]
 
 
+def _check_rank(rank, world_size):
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
+        raise TypeError(f"rank must be an integer, got {type(rank).__name__}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be between 0 and world_size - 1 = {world_size - 1}, got {rank}")
+
+
 def positions(N, rank, world_size, layout="contiguous"):
     """The global positions (n,) of the tokens rank ``rank`` holds when N tokens are split over ``world_size``."""
     n = _check_split(N, world_size, layout)
+    _check_rank(rank, world_size)
     return torch.cat([torch.arange(start, start + s.stop - s.start) for s, start in _runs(n, rank, world_size, layout)])
 
 
 def shard(x, rank, world_size, layout="contiguous"):
     """Rank ``rank``'s shard (..., N/P, E) of a whole sequence x (..., N, E), split along the token dim -2."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor (..., N, E), got {type(x).__name__}")
+    if x.ndim < 2:
+        raise ValueError(f"x must have shape (..., N, E), at least 2-D; got shape {tuple(x.shape)}")
     return x[..., positions(x.shape[-2], rank, world_size, layout), :]  # (..., n, E)
 
 
 def unshard(shards, layout="contiguous"):
     """The whole sequence (..., N, E) from the list of every rank's shard (..., n, E), in rank order."""
+    if isinstance(shards, torch.Tensor) or not hasattr(shards, "__iter__"):
+        raise TypeError(f"shards must be a list of every rank's shard, got {type(shards).__name__}")
     shards = list(shards)
+    if not shards or not all(isinstance(s, torch.Tensor) and s.ndim >= 2 for s in shards):
+        raise TypeError("shards must be a non-empty list of torch tensors (..., n, E), one per rank")
     P = len(shards)
     lengths = {s.shape[-2] for s in shards}
     if len(lengths) != 1:
