@@ -225,7 +225,7 @@ def causal_mask(L, S=None, *, like=None, align="top-left"):
     """
     L = _check_length(L, "L")
     S = L if S is None else _check_length(S, "S")
-    if align not in ("top-left", "bottom-right"):
+    if not isinstance(align, str) or align not in ("top-left", "bottom-right"):
         raise ValueError(f"align must be 'top-left' or 'bottom-right', got {align!r}")
     ops = _like_ops(like)
     like = like if like is not None else np.empty(0)

@@ -59,13 +59,18 @@ GPUS = {
 def gpu(name: str) -> GPU:
     """The GPU called ``name`` (one of ``GPUS``), with a clear error for any other name. A :class:`GPU` is
     returned as it is, so every function here takes a GPU or its name."""
-    if isinstance(name, GPU):
-        return name
-    if not isinstance(name, str):
-        raise TypeError(f"a GPU is a lib.cost.GPU or one of the names {', '.join(GPUS)}; got {type(name).__name__}")
-    if name not in GPUS:
-        raise ValueError(f"no rates for GPU {name!r}; known: {', '.join(GPUS)}")
-    return GPUS[name]
+    return _gpu(name, "name")
+
+
+def _gpu(value, argument):
+    if isinstance(value, GPU):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a lib.cost.GPU or one of the names {', '.join(GPUS)}; got "
+                        f"{type(value).__name__}")
+    if value not in GPUS:
+        raise ValueError(f"{argument}={value!r}: no rates for that GPU; known: {', '.join(GPUS)}")
+    return GPUS[value]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -193,7 +198,7 @@ def score_ledger(gpu: GPU, d: int, n: int = 4096, products: int = 2, exponential
     """The ledger per score of attention with head size ``d`` over ``n`` keys (chapter 8). The forward pass has 2
     products and 1 exponential a score; a backward pass 5 products (7 with a separate dQ kernel) and 1 or 2.
     ``fp32_ops`` defaults to the library's compiled forward loop, :func:`fp32_per_score` ``(d)``."""
-    device = globals()["gpu"](gpu)  # a GPU or its name (the argument shadows the function)
+    device = _gpu(gpu, "gpu")  # a GPU or its name
     d, n, products, elt = _count("d", d), _count("n", n), _count("products", products), _count("elt", elt)
     exponentials = _amount("exponentials", exponentials)
     fp32_ops = fp32_per_score(d) if fp32_ops is None else _amount("fp32_ops", fp32_ops)
@@ -239,6 +244,8 @@ def attended_pairs(L, S=None, *, causal=False):
     S = L if S is None else _count("S", S)
     if isinstance(causal, bool) and not causal:
         return L * S
+    if not isinstance(causal, (bool, str)):
+        raise TypeError(f"causal must be False, True, 'top-left' or 'bottom-right'; got {type(causal).__name__}")
     if causal is True or causal == "top-left":
         full = min(L, S)  # rows 0 .. S-1 see i + 1 keys; any later row sees all S
         return full * (full + 1) // 2 + (L - full) * S
@@ -295,14 +302,14 @@ def roofline_seconds(flops, nbytes, device):
     The roofline bound max(flops / peak, bytes / bandwidth): a prediction from datasheet rates, never a measurement.
     It counts the tensor cores' rate, so it is the bound for half-precision matrix products.
     """
-    device = gpu(device)
+    device = _gpu(device, "device")
     flops, nbytes = _amount("flops", flops), _amount("nbytes", nbytes)
     return max(flops / device.tensor_flops, nbytes / device.hbm_bytes_per_s)
 
 
 def attainable_flops(arithmetic_intensity, device):
     """FLOP/s the roofline allows at an intensity: min(peak, intensity · bandwidth) (chapter 7)."""
-    device = gpu(device)
+    device = _gpu(device, "device")
     arithmetic_intensity = _amount("arithmetic_intensity", arithmetic_intensity)
     return min(device.tensor_flops, arithmetic_intensity * device.hbm_bytes_per_s)
 
@@ -364,13 +371,17 @@ MODELS = {
 def model(name: str) -> Transformer:
     """The transformer called ``name`` (one of ``MODELS``), with a clear error for any other name. A
     :class:`Transformer` is returned as it is, so every function here takes a shape or its name."""
+    return _model(name, "name")
+
+
+def _model(name, argument):
     if isinstance(name, Transformer):
         return name
     if not isinstance(name, str):
-        raise TypeError(f"a model is a lib.cost.Transformer or one of the names {', '.join(MODELS)}; got "
+        raise TypeError(f"{argument} must be a lib.cost.Transformer or one of the names {', '.join(MODELS)}; got "
                         f"{type(name).__name__}")
     if name not in MODELS:
-        raise ValueError(f"no shape for model {name!r}; known: {', '.join(MODELS)}")
+        raise ValueError(f"{argument}={name!r}: no shape for that model; known: {', '.join(MODELS)}")
     return MODELS[name]
 
 
@@ -381,7 +392,7 @@ def forward_flops(shape, n_tokens, *, causal=True):
     Q Kᵀ and weights·V over the pairs a causal mask keeps, 4 · d_model per pair per layer. Left out: the
     embedding lookup, the output read-out (2 · vocab · d_model per token), softmax, norms and activations.
     """
-    shape, n = model(shape), _count("n_tokens", n_tokens)
+    shape, n = _model(shape, "shape"), _count("n_tokens", n_tokens)
     dense = 2 * shape.layer_params * n * shape.n_layers
     attention = 4 * shape.d_model * attended_pairs(n, causal=causal) * shape.n_layers
     return {"dense": dense, "attention": attention}
@@ -389,7 +400,7 @@ def forward_flops(shape, n_tokens, *, causal=True):
 
 def attention_share(shape, n_tokens):
     """The share of a causal forward pass's layer FLOPs spent in attention's two products (chapter 7)."""
-    shape = model(shape)
+    shape = _model(shape, "shape")
     flops = forward_flops(shape, n_tokens)
     return flops["attention"] / (flops["attention"] + flops["dense"])
 
@@ -400,7 +411,7 @@ def attention_crossover(shape):
     Per layer, attention does 2·d_model·(n + 1) FLOPs per token on average and the dense products 2·layer_params,
     so they meet at n = layer_params / d_model - 1. Returned as a float.
     """
-    shape = model(shape)
+    shape = _model(shape, "shape")
     return shape.layer_params / shape.d_model - 1
 
 
@@ -418,7 +429,7 @@ def decode_step(shape, context, *, batch=1, bytes_per_number=2):
     token, plus attention's 4 · H · d_head per cached token per layer. Returns a dict with "flops",
     "weight_bytes", "cache_bytes" and "bytes". ``shape`` is a :class:`Transformer` or a name in ``MODELS``.
     """
-    shape = model(shape)
+    shape = _model(shape, "shape")
     context, batch = _count("context", context, 0), _count("batch", batch)
     bytes_per_number = _count("bytes_per_number", bytes_per_number)
     read_weights = _read_weights(shape)
@@ -442,7 +453,7 @@ def decode_attention_intensity(n_heads, n_kv_heads, bytes_per_number=2):
 def decode_memory_bytes(shape, context, *, batch=1, bytes_per_number=2):
     """Bytes a decoding set-up keeps in GPU memory at least: every parameter, and ``batch`` KV caches of
     ``context`` tokens (chapter 10). Activations, workspace and the framework's own reserve come on top."""
-    shape = model(shape)
+    shape = _model(shape, "shape")
     context, batch = _count("context", context, 0), _count("batch", batch)
     bytes_per_number = _count("bytes_per_number", bytes_per_number)
     cache = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, context, bytes_per_number, batch)
@@ -452,13 +463,13 @@ def decode_memory_bytes(shape, context, *, batch=1, bytes_per_number=2):
 def decode_fits(shape, device, context, *, batch=1, bytes_per_number=2):
     """Whether :func:`decode_memory_bytes` fits in the GPU's memory, ``gpu(device).hbm_bytes`` (chapter 10)."""
     need = decode_memory_bytes(shape, context, batch=batch, bytes_per_number=bytes_per_number)
-    return need <= gpu(device).hbm_bytes
+    return need <= _gpu(device, "device").hbm_bytes
 
 
 def max_decode_batch(shape, device, context, *, bytes_per_number=2):
     """The largest batch whose weights and KV caches of ``context`` tokens fit in the GPU's memory; 0 when not
     even the weights and one cache do (chapter 10)."""
-    shape, device = model(shape), gpu(device)
+    shape, device = _model(shape, "shape"), _gpu(device, "device")
     context = _count("context", context, 0)
     bytes_per_number = _count("bytes_per_number", bytes_per_number)
     room = device.hbm_bytes - shape.params * bytes_per_number
@@ -478,7 +489,7 @@ def decode_tokens_per_s(shape, device, context, *, batch=1, bytes_per_number=2):
     rather than given a rate: one whose weights and KV caches (:func:`decode_memory_bytes`) exceed the GPU's
     memory (see :func:`max_decode_batch`), or whose context exceeds the model's trained context.
     """
-    shape, device = model(shape), gpu(device)
+    shape, device = _model(shape, "shape"), _gpu(device, "device")
     context, batch = _count("context", context, 0), _count("batch", batch)
     if context > shape.context:
         raise ValueError(f"context={context} cached tokens exceed {shape.name}'s trained context of {shape.context} "
@@ -497,7 +508,7 @@ def cache_outweighs_weights(shape, *, batch=1, bytes_per_number=2):
     """The cached length (tokens per sequence) at which a batch's KV cache holds as many bytes as the weights a
     decode step reads (the layers and the output read-out, as :func:`decode_step` counts them): past it, the
     cache dominates every step's traffic."""
-    shape = model(shape)
+    shape = _model(shape, "shape")
     per_token = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, 1, _count("bytes_per_number",
                                bytes_per_number), _count("batch", batch))
     return _read_weights(shape) * bytes_per_number / per_token

@@ -98,6 +98,9 @@ class KVCache:
 
     def append(self, k, v):
         """Store keys k (..., l, E) and values v (..., l, Ev) of l new tokens; return (keys, values) of all S tokens."""
+        for name, t in (("k", k), ("v", v)):
+            if t is None:
+                raise TypeError(f"{name} is required, got None")
         ops = _backend({"k": k, "v": v})
         if ops is _NUMPY:
             k, v = np.asarray(k), np.asarray(v)
@@ -175,7 +178,9 @@ def decode_step(q, k, v, cache):
     itself). Token by token, or l tokens at a time, this gives exactly the rows of full causal attention over the
     whole sequence. Hkv may divide H (grouped-query attention, :func:`lib.modules.grouped_attention`).
     """
-    if not hasattr(cache, "append") or not hasattr(cache, "__len__"):
+    from lib.paged import PagedKVCache  # here only: a paged cache is welcome too
+
+    if not isinstance(cache, (KVCache, PagedKVCache)):
         raise TypeError(f"cache must be a lib.decoding.KVCache or a lib.paged.PagedKVCache, got "
                         f"{type(cache).__name__}")
     ops = _backend({"q": q, "k": k, "v": v})

@@ -273,6 +273,10 @@ def _sms(device):
 def split_count(B, H, L, Hkv, S, *, sms=None, tiles=None):
     """The slices ``num_splits=None`` gives (B, H, L) queries against (B, Hkv, S) keys, on ``sms`` SMs (default:
     DEFAULT_GPU's). The programs of one slice are B · Hkv · ⌈G · L / row tile⌉; see :func:`choose_num_splits`."""
+    B, H, L, Hkv = (cost._count(n, x) for n, x in (("B", B), ("H", H), ("L", L), ("Hkv", Hkv)))
+    S = cost._count("S", S, 0)
+    if H % Hkv:
+        raise ValueError(f"H={H} query heads are not a multiple of Hkv={Hkv} key/value heads")
     tiles = tiles or _tiles()
     programs = B * Hkv * triton.cdiv((H // Hkv) * L, _row_block((H // Hkv) * L))
     sms = cost.gpu(DEFAULT_GPU).sms if sms is None else sms
@@ -523,9 +527,12 @@ def flash_decode_paged(q, caches, *, num_splits=None, scale=None):
     """
     from lib.paged import PagedKVCache
 
-    caches = list(caches) if not isinstance(caches, PagedKVCache) else [caches]
+    try:
+        caches = list(caches) if not isinstance(caches, PagedKVCache) else [caches]
+    except TypeError:
+        raise TypeError(f"caches must be a list of lib.paged.PagedKVCache, got {type(caches).__name__}") from None
     if not caches or not all(isinstance(c, PagedKVCache) for c in caches):
-        raise TypeError("flash_decode_paged takes a list of lib.paged.PagedKVCache, one per sequence of q")
+        raise TypeError("flash_decode_paged's caches must be a list of lib.paged.PagedKVCache, one per sequence of q")
     pool = caches[0].pool
     if any(c.pool is not pool for c in caches):
         raise ValueError("the caches must share one PagePool: the kernel reads a single pool of pages")

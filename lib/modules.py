@@ -122,6 +122,16 @@ def _numpy_input(x, module, twin, name="x"):
     return x
 
 
+def _generator(rng):
+    """numpy.random.default_rng(rng), with an error naming rng for anything it cannot seed from."""
+    if rng is not None and not isinstance(rng, (np.random.Generator, numbers.Integral)) or isinstance(rng, bool):
+        raise TypeError(f"rng must be None, a non-negative integer seed or a numpy.random.Generator, got "
+                        f"{type(rng).__name__}")
+    if isinstance(rng, numbers.Integral) and rng < 0:
+        raise ValueError(f"rng must be a non-negative integer seed, got {rng}")
+    return np.random.default_rng(rng)
+
+
 def _check_input(x, d_model, name="x", length="L"):
     if x.ndim < 2:
         raise ValueError(f"{name} must have shape (..., {length}, d_model), at least 2-D; got shape {tuple(x.shape)}")
@@ -367,6 +377,10 @@ def _heads_to_attend(module, x, context, cache, check_context, rotate):
     static (``KVCache(static=True)``): the first call stores the context's keys and values, and later calls read
     them without projecting the context again. ``check_context`` validates a context."""
     q = split_heads(x @ module.w_q, module.n_heads)  # (..., H, L, d)
+    if cache is not None and not all(hasattr(cache, a) for a in ("append", "static", "__len__")):  # a KVCache
+        raise TypeError(f"cache must be a lib.decoding.KVCache or None, got {type(cache).__name__}")
+    if rotate is not None and not callable(rotate):
+        raise TypeError(f"rotate must be a function rotate(t, start) or None, got {type(rotate).__name__}")
     static = cache is not None and cache.static
     if context is None:
         if static:
@@ -421,7 +435,7 @@ class SelfAttention:
 
     def __init__(self, d_model, d_k, d_v=None, d_out=None, *, rng=None, dtype=np.float32):
         self.d_model, self.d_k, self.d_v, self.d_out = _check_dims(d_model, d_k, d_v, d_out)
-        rng = np.random.default_rng(rng)
+        rng = _generator(rng)
         for name, (fan_in, fan_out) in _shapes(self.d_model, self.d_k, self.d_v, self.d_out).items():
             a = xavier_bound(fan_in, fan_out)
             setattr(self, name, rng.uniform(-a, a, size=(fan_in, fan_out)).astype(dtype))
@@ -473,7 +487,7 @@ class MultiHeadAttention:
     def __init__(self, d_model, n_heads, n_kv_heads=None, *, rng=None, dtype=np.float32):
         self.d_model, self.n_heads, self.n_kv_heads = _check_heads(d_model, n_heads, n_kv_heads)
         self.d_head = self.d_model // self.n_heads
-        rng = np.random.default_rng(rng)
+        rng = _generator(rng)
         for name, (fan_in, fan_out) in _head_shapes(self.d_model, self.n_heads, self.n_kv_heads).items():
             a = xavier_bound(fan_in, fan_out)
             setattr(self, name, rng.uniform(-a, a, size=(fan_in, fan_out)).astype(dtype))

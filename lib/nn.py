@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
 from lib import attention as attn
-from lib.backend import _causal_pattern, _check_causal, _TorchOps
+from lib.backend import _causal_pattern, _check_causal, _check_flag, _TorchOps
 from lib.modules import (
     MultiHeadAttention,
     SelfAttention,
@@ -113,6 +113,7 @@ class TorchSelfAttention(nn.Module):
         _check_torch_input(x, self.w_q, "x", "SelfAttention")
         _check_input(x, self.d_model)
         mask = _torch_mask(mask, x)
+        _check_flag(return_weights, "return_weights")
         q, k, v = x @ self.w_q, x @ self.w_k, x @ self.w_v  # (..., L, E), (..., L, E), (..., L, Ev)
         if self.training and self.dropout > 0:
             weights = attn.attention_weights(q, k, mask, causal=causal)  # (..., L, L)
@@ -167,6 +168,7 @@ class TorchMultiHeadAttention(nn.Module):
         _check_torch_input(x, self.w_q, "x", "MultiHeadAttention")
         _check_input(x, self.d_model)
         mask = _torch_mask(mask, x)
+        _check_flag(return_weights, "return_weights")
 
         def check(context):
             _check_torch_input(context, self.w_q, "context", "MultiHeadAttention")

@@ -162,6 +162,9 @@ class PagedKVCache:
         New pages are taken from the pool only when the last one is full. If the pool has too few free pages,
         nothing is written and a ValueError says how many are missing.
         """
+        for name, t in (("k", k), ("v", v)):
+            if t is None:
+                raise TypeError(f"{name} is required, got None")
         ops = _backend({"k": k, "v": v})
         if ops is _NUMPY:
             k, v = np.asarray(k), np.asarray(v)

@@ -68,6 +68,8 @@ def apply_rope(x, positions=None, *, offset=0, base=10000.0):
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., L, E), at least 2-D; got shape {tuple(x.shape)}")
     L, E = x.shape[-2], x.shape[-1]
+    if E < 2 or E % 2:
+        raise ValueError(f"x has E={E} coordinates (shape {tuple(x.shape)}): RoPE rotates pairs, so E must be even")
     theta = rope_frequencies(E, base)  # (E/2,)
     if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
         raise ValueError(f"offset must be a whole number of tokens >= 0, got {offset!r}")

@@ -63,7 +63,7 @@ LAYOUTS = ("contiguous", "zigzag")
 
 
 def _check_layout(layout):
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
@@ -110,14 +110,21 @@ def shard(x, rank, world_size, layout="contiguous"):
         raise TypeError(f"x must be a torch.Tensor (..., N, E), got {type(x).__name__}")
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., N, E), at least 2-D; got shape {tuple(x.shape)}")
-    return x[..., positions(x.shape[-2], rank, world_size, layout), :]  # (..., n, E)
+    try:
+        where = positions(x.shape[-2], rank, world_size, layout)
+    except ValueError as err:
+        raise ValueError(f"x has shape {tuple(x.shape)}: {err}") from None
+    return x[..., where, :]  # (..., n, E)
 
 
 def unshard(shards, layout="contiguous"):
     """The whole sequence (..., N, E) from the list of every rank's shard (..., n, E), in rank order."""
-    if isinstance(shards, torch.Tensor) or not hasattr(shards, "__iter__"):
-        raise TypeError(f"shards must be a list of every rank's shard, got {type(shards).__name__}")
-    shards = list(shards)
+    try:
+        shards = list(shards) if not isinstance(shards, torch.Tensor) else None
+    except TypeError:
+        shards = None
+    if shards is None:
+        raise TypeError("shards must be a list of every rank's shard")
     if not shards or not all(isinstance(s, torch.Tensor) and s.ndim >= 2 for s in shards):
         raise TypeError("shards must be a non-empty list of torch tensors (..., n, E), one per rank")
     P = len(shards)
