@@ -388,3 +388,27 @@ def test_the_attention_functions_give_the_reference_or_a_named_error(problem, wh
         np.testing.assert_allclose(got_np.astype(np.float64), expected, rtol=tol * 10, atol=tol * 10)
     for b, a in zip(before, inputs + [mask]):
         assert same(b, a), "an input was changed"
+
+
+def test_the_examples_the_fuzzing_first_found():
+    """Each bad input the issue lists, now a right answer or a named error."""
+    assert cost.attended_pairs(4, 8, causal="top-left") == 10
+    with pytest.raises(ValueError, match="causal"):
+        cost.attended_pairs(4, 8, causal="bogus")
+    with pytest.raises(TypeError, match="like"):
+        positions.alibi_bias(2, 3, like=torch.float16)
+    half = positions.alibi_bias(2, 3, like=torch.empty(0, dtype=torch.float16))
+    assert half.dtype == torch.float16
+    q = arr(2, 3, 4)
+    key_mask = np.array([True, False, True])
+    np.testing.assert_allclose(tiles.tiled_attention(q, q, q, key_mask), attn.attention(q, q, q, key_mask), rtol=1e-12)
+    x = ten(2, 3, 8)
+    torch.testing.assert_close(t_multi(x, attn.padding_mask([3, 2], 3)),
+                               t_multi(x, torch.from_numpy(attn.padding_mask([3, 2], 3))))
+    out, lse = merge.merge_states([([[1.0, 2.0]], [0.0]), ([[3.0, 4.0]], [0.0])])
+    np.testing.assert_allclose(out, [[2.0, 3.0]])
+    np.testing.assert_allclose(lse, [math.log(2.0)])
+    assert cost.decode_tokens_per_s("Llama-2-7B", "H100", 4096) == cost.decode_tokens_per_s(LLAMA, H100, 4096)
+    assert cost.attention_share("Llama-2-7B", 100) == cost.attention_share(LLAMA, 100)
+    with pytest.raises(ValueError, match="at most batch=30"):
+        cost.decode_tokens_per_s("Llama-2-7B", "H100", 4096, batch=256)
