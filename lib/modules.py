@@ -29,10 +29,10 @@ Weights are stored as the book writes them, (in, out), so a projection is ``x @ 
 (out, in) layout of ``torch.nn.Linear`` and of ``nn.MultiheadAttention``'s ``in_proj_weight``.
 Masks follow :mod:`lib.attention`: a boolean mask is True where a query MAY attend a key (the opposite of
 ``nn.MultiheadAttention``), a floating mask is added to the scores. The multi-head functions and modules take a
-mask in one of two layouts: (..., L, S), shared by every head (a (B, 1, S) padding mask of
-:func:`lib.attention.padding_mask` is one), or (..., 1 or H, L, S), one more dimension than that, per head:
-the 4-D (B, 1 or H, L, S) of ``scaled_dot_product_attention`` and Hugging Face, which also carries per-head
-biases such as ALiBi's.
+mask in one of two layouts: (..., L, S), shared by every head (``padding_mask(lengths, S, heads=False)``, (B, 1,
+S), is one), or (..., 1 or H, L, S), one more dimension than that, per head: the 4-D (B, 1 or H, L, S) of
+``scaled_dot_product_attention`` and Hugging Face (``padding_mask``'s default (B, 1, 1, S) is one), which also
+carries per-head biases such as ALiBi's. Either way a padding mask is read per sequence.
 
 ``causal`` takes False (the default), True, ``"top-left"`` or ``"bottom-right"`` everywhere in the library. In
 :func:`grouped_attention`, a function of q, k and v, True means ``"top-left"``, as ``is_causal=True`` in
