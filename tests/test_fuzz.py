@@ -334,7 +334,8 @@ def problems(draw):
     scale = draw(st.sampled_from([None, 0.0, -0.7, 1e-30, 5.0, float("nan"), "0.5", True]))
     backend = draw(st.sampled_from(["numpy", "torch", "mixed"]))
     dtype = draw(st.sampled_from(["float64", "float32", "float16", "int64"]))
-    return q, k, v, mask, form, causal, scale, backend, dtype
+    k_dtype = draw(st.sampled_from([dtype, "float32"]))  # mixed dtypes promote, as NumPy and torch do
+    return q, k, v, mask, form, causal, scale, backend, (dtype, k_dtype)
 
 
 def expectation(q, mask, form, causal, scale, backend, L, S, E):
@@ -359,9 +360,10 @@ def expectation(q, mask, form, causal, scale, backend, L, S, E):
 @settings(max_examples=150)
 @given(problem=problems(), which=st.sampled_from(sorted(FUNCTIONS)))
 def test_the_attention_functions_give_the_reference_or_a_named_error(problem, which):
-    q, k, v, mask, form, causal, scale, backend, dtype = problem
+    q, k, v, mask, form, causal, scale, backend, (dtype, k_dtype) = problem
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
-    inputs = [x.astype(dtype) if dtype != "int64" else (x * 3).astype(np.int64) for x in (q, k, v)]
+    inputs = [x.astype(t) if t != "int64" else (x * 3).astype(np.int64)
+              for x, t in zip((q, k, v), (dtype, k_dtype, dtype))]
     if backend in ("torch", "mixed"):
         inputs = [torch.from_numpy(x) for x in inputs]
         if backend == "mixed":
@@ -384,7 +386,7 @@ def test_the_attention_functions_give_the_reference_or_a_named_error(problem, wh
         expected = reference(*ref_inputs, ref_mask, offset, s)
         got_np = got.numpy() if isinstance(got, torch.Tensor) else got
         assert not np.isnan(got_np).any()
-        tol = {"float16": 3e-3, "float32": 2e-5}.get(dtype, 1e-9)
+        tol = max({"float16": 3e-3, "float32": 2e-5}.get(t, 1e-9) for t in (dtype, k_dtype))
         np.testing.assert_allclose(got_np.astype(np.float64), expected, rtol=tol * 10, atol=tol * 10)
     for b, a in zip(before, inputs + [mask]):
         assert same(b, a), "an input was changed"
@@ -412,3 +414,24 @@ def test_the_examples_the_fuzzing_first_found():
     assert cost.attention_share("Llama-2-7B", 100) == cost.attention_share(LLAMA, 100)
     with pytest.raises(ValueError, match="at most batch=30"):
         cost.decode_tokens_per_s("Llama-2-7B", "H100", 4096, batch=256)
+
+
+@settings(max_examples=25)
+@given(L=st.integers(1, 40), S=st.integers(0, 40), E=st.integers(1, 40), batch=st.lists(st.integers(1, 2), max_size=2),
+       scale=st.sampled_from([None, -0.5, 0.0, 1e-30, 0.3, 2.0]),
+       causal=st.sampled_from([False, True, "top-left", "bottom-right"]), lse=st.booleans())
+def test_the_kernel_gives_the_reference_or_a_named_error(L, S, E, batch, scale, causal, lse):
+    q, k, v = ten(*batch, L, E), ten(*batch, S, E), ten(*batch, S, 3)
+    try:
+        got = flash.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=lse)
+    except RAISED_FINE as err:
+        assert causal == "bottom-right" and L != S and "causal" in str(err), err
+        return
+    out, got_lse = got if lse else (got, None)
+    want_out, want_lse = merge.attention_state(*(x.double() for x in (q, k, v)), causal=causal, scale=scale)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double(), want_out, rtol=1e-4, atol=1e-5)
+    if lse:
+        finite = want_lse > -math.inf
+        assert (got_lse[~finite] == -math.inf).all()
+        torch.testing.assert_close(got_lse.double()[finite], want_lse[finite], rtol=1e-5, atol=1e-5)
