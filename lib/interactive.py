@@ -56,9 +56,19 @@ __all__ = [
 # The book's look (lib.notebook.use_book_style): a white face, viridis for weights, the colour-blind-safe cycle.
 BLUE, ORANGE, GREEN, PINK, SKY, RED = "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00"
 GREY = "#D9D9D9"
+INKS = ["black", "white", "#555555"]  # text on a light cell, on a dark cell, on a masked (grey) cell
 EMBED_OPTIONS = {"actions": False, "renderer": "svg"}
 DIGITS = 4  # every number a figure holds is rounded to this many decimals, so its text is the same on every run
 MARKER = "sdpa-interactive"  # the class of the snippet's wrapper: tools/interactive_figures.py looks for it
+# Altair's snippet lays the chart and its controls out in a row (display: flex), which squeezes a wide chart and
+# puts the controls beside it; in the book's column they go under it, at the text's size, one per line.
+STYLE = (
+    f".{MARKER} .vega-embed {{flex-direction: column; align-items: flex-start; max-width: 100%; overflow-x: auto}}"
+    f" .{MARKER} .vega-bindings {{font-size: 0.9rem; margin: 0.4rem 0 0 0.5rem}}"
+    f" .{MARKER} .vega-bind {{margin: 0.15rem 0}} .{MARKER} .vega-bind-name {{margin-right: 0.5rem}}"
+    f" .{MARKER} .vega-bind input[type=range] {{vertical-align: middle; width: 12rem}}"
+    f" .{MARKER} .vega-bind-radio label {{margin: 0 0.8rem 0 0.2rem}}"
+)
 
 
 def _alt():
@@ -83,7 +93,9 @@ class Interactive:
     def __init__(self, chart, name: str, control: str):
         self.chart, self.name, self.control = chart, name, control
         self.spec = chart.to_dict()
-        self.spec.setdefault("config", {}).setdefault("view", {"stroke": None})
+        config = self.spec.setdefault("config", {})
+        config.setdefault("view", {})["stroke"] = None  # no frame around a panel of text
+        config.setdefault("axisX", {})["labelAngle"] = 0  # key labels upright
         text = json.dumps(self.spec, sort_keys=True)
         self.element_id = f"sdpa-{name}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
@@ -107,7 +119,7 @@ class Interactive:
             fullhtml=False,
             template="universal",
         )
-        return f'<div class="{MARKER}" data-figure="{self.name}">{snippet}</div>'
+        return f'<div class="{MARKER}" data-figure="{self.name}"><style>{STYLE}</style>{snippet}</div>'
 
     def png(self) -> bytes:
         """The figure's first frame (every control at its starting value), drawn by vl-convert."""
@@ -178,6 +190,19 @@ def _radio(name, label, options, labels=None, value=None):
     return alt.param(name=name, value=options[0] if value is None else value, bind=binding)
 
 
+def _num(x):
+    """A component as a sum shows it: 2 decimals at most, a negative one in brackets."""
+    text = f"{_r(x, 2):g}".replace("-", "−")
+    return f"({text})" if x < 0 else text
+
+
+def _line(rows, where, width):
+    """A line of text, flush left, showing the row that ``where`` keeps: a figure's running commentary."""
+    alt = _alt()
+    return (alt.Chart(_data(rows)).transform_filter(where).mark_text(align="left", baseline="middle", fontSize=12)
+            .encode(x=alt.value(0), y=alt.value(10), text="text:N").properties(width=width, height=20))
+
+
 def _at(param_name, field):
     """A filter keeping the rows computed for the control's current position (grid values compared rounded)."""
     return f"abs(datum.{field} - {param_name}) < 1e-6"
@@ -231,8 +256,7 @@ def temperature_jacobian(scores, multipliers=range(1, 21), labels=None):
         x=alt.X("j:N", sort=names), y=alt.Y("i:N", sort=names), text=alt.Text("J:Q", format="+.3f"),
         color=alt.condition("datum.J > 0.05", alt.value("black"), alt.value("white")))
     jacobian = (cells + text).properties(width=220, height=220)
-    line = (alt.Chart(_data(summary)).transform_filter(_at("c", "c"))
-            .mark_text(align="left", fontSize=12).encode(text="text:N").properties(width=460, height=20))
+    line = _line(summary, _at("c", "c"), 460)
     chart = alt.vconcat(alt.hconcat(bars, jacobian).resolve_scale(color="independent"), line).add_params(c)
     return Interactive(chart, "temperature", "a slider: the multiplier c of the scores")
 
@@ -340,7 +364,7 @@ def score_products(Q, K, labels=None, *, scale=None):
     cells = []
     for i in range(n):
         for j in range(len(Ka)):
-            terms = " + ".join(f"{_r(Qa[i, c], 2):g}·{_r(Ka[j, c], 2):g}" for c in range(d))
+            terms = " + ".join(f"{_num(Qa[i, c])}·{_num(Ka[j, c])}" for c in range(d))
             factor = f" × {_r(scale, 3):g}" if scale != 1 else ""
             cells.append({"i": i, "q": rows[i], "k": cols[j], "S": _r(S[i, j]),
                           "sum": f"q {rows[i]} · k {cols[j]} = ({terms}){factor} = {S[i, j]:.3f}"})
@@ -358,7 +382,7 @@ def score_products(Q, K, labels=None, *, scale=None):
     matrix = (heat + values + outline).properties(width=32 * len(Ka) + 40, height=32 * n + 40,
                                                   title="scores S = Q Kᵀ · scale")
     sums = (base.transform_filter("datum.i == row").mark_text(align="left", fontSize=12)
-            .encode(y=alt.Y("k:N", sort=cols, title=None, axis=None), text="sum:N")
+            .encode(x=alt.value(0), y=alt.Y("k:N", sort=cols, title=None, axis=None), text="sum:N")
             .properties(width=330, height=32 * len(Ka), title="the chosen row, written out"))
     chart = alt.hconcat(matrix, sums).add_params(row)
     return Interactive(chart, "score-products", "a slider: the query row i")
@@ -389,7 +413,8 @@ def mask_alignment(max_L=6, max_S=6, *, d=4, seed=0):
             warnings.simplefilter("ignore")
             mask = causal_mask(L, S, align=align)
         w = attention_weights(q[:L], k[:S], mask)
-        cells += [{"L": L, "S": S, "al": align, "i": i, "j": j, "ok": bool(mask[i, j]), "w": _r(w[i, j], 3)}
+        cells += [{"L": L, "S": S, "al": align, "i": i, "j": j, "ok": bool(mask[i, j]), "w": _r(w[i, j], 3),
+                   "ink": "black" if w[i, j] > 0.5 else ("white" if mask[i, j] else "#555555")}
                   for i in range(L) for j in range(S)]
         sums += [{"L": L, "S": S, "al": align, "i": i, "sum": _r(w[i].sum(), 3)} for i in range(L)]
     pL = _slider("L", "queries L ", 1, max_L, 1, min(3, max_L))
@@ -406,7 +431,7 @@ def mask_alignment(max_L=6, max_S=6, *, d=4, seed=0):
     text = base.mark_text(fontSize=10).encode(
         x=alt.X("j:O", scale=alt.Scale(domain=list(range(max_S)))), y=axis_i,
         text=alt.condition("datum.ok", alt.Text("w:Q", format=".2f"), alt.value("×")),
-        color=alt.condition("datum.ok && datum.w > 0.5", alt.value("black"), alt.value("#555555")))
+        color=alt.Color("ink:N", legend=None, scale=alt.Scale(domain=INKS, range=INKS)))
     grid = (heat + text).properties(width=36 * max_S, height=36 * max_L, title="weights (grey ×: masked)")
     row_sums = (alt.Chart(_data(sums)).transform_filter(current).mark_text(fontSize=12)
                 .encode(y=axis_i, text=alt.Text("sum:Q", format=".0f"),
@@ -455,7 +480,7 @@ def online_softmax(scores, values, block):
     step = _slider("t", "after block ", 1, n_blocks, 1, 1)
     colour = alt.Color("state:N", scale=alt.Scale(domain=["seen", "this block", "not yet"],
                                                   range=[BLUE, ORANGE, GREY]),
-                       legend=alt.Legend(orient="bottom", title=None))
+                       legend=alt.Legend(orient="top", title=None))
     score_bars = (alt.Chart(_data(bars)).transform_filter("datum.t == t").mark_bar()
                   .encode(x=alt.X("j:O", title="key j"), y=alt.Y("s:Q", title="score"), color=colour,
                           tooltip=["j:O", alt.Tooltip("s:Q", format=".3f"), "state:N"]))
@@ -470,7 +495,7 @@ def online_softmax(scores, values, block):
     final_ticks = (alt.Chart(_data(outs)).transform_filter("datum.t == t")
                    .mark_tick(color="black", thickness=2, size=40).encode(x="c:N", y="final:Q"))
     right = (out_bars + final_ticks).properties(width=120, height=200, title="output (tick: exact)")
-    caption = state_data.mark_text(align="left", fontSize=12).encode(text="text:N").properties(width=460, height=20)
+    caption = _line(states, "datum.t == t", 460)
     chart = alt.vconcat(alt.hconcat(left, right), caption).add_params(step)
     return Interactive(chart, "online-softmax", "a slider: the number of key blocks seen")
 
@@ -583,20 +608,19 @@ def head_ablation(model, tokens, *, example=0, scored=None, length=10):
             b.attention.ablated = s
     key_expr = " + ".join(f"(off_{i} ? '1' : '0')" for i in range(len(heads)))
     current = f"datum.key == {key_expr}"
-    cell = 150 // length if length <= 15 else 10
+    cell = max(4, 120 // length)
     data = _data(maps)
 
-    def panel(name):
+    def panel(name, first):
         return (alt.Chart(data, title=name).transform_filter(f"{current} && datum.head == '{name}'").mark_rect()
                 .encode(x=alt.X("j:O", title="key", axis=alt.Axis(labels=False, ticks=False)),
-                        y=alt.Y("i:O", title="query", axis=alt.Axis(labels=False, ticks=False)),
+                        y=alt.Y("i:O", title="query" if first else None, axis=alt.Axis(labels=False, ticks=False)),
                         color=alt.Color("w:Q", scale=alt.Scale(scheme="viridis", domain=[0, 1]), title="weight"),
                         tooltip=["head:N", "i:O", "j:O", alt.Tooltip("w:Q", format=".2f")])
                 .properties(width=cell * length, height=cell * length))
 
-    heat = alt.hconcat(*[panel(name) for name in names])
-    text = (alt.Chart(_data(accuracy)).transform_filter(current)
-            .mark_text(align="left", fontSize=13).encode(text="text:N").properties(width=500, height=20))
+    heat = alt.hconcat(*[panel(name, k == 0) for k, name in enumerate(names)])
+    text = _line(accuracy, current, 500)
     chart = alt.vconcat(heat, text).add_params(*params)
     return Interactive(chart, "head-ablation", "a checkbox per head: ablate it")
 
@@ -628,6 +652,7 @@ def ring_steps(N=1024, world_size=4, *, tile=64, layouts=("contiguous", "zigzag"
             totals.append({"layout": layout, "step": step,
                            "text": f"step {step}: busiest rank computes {busiest} tiles, "
                                    f"least busy {min(counts[step])}"})
+    most = max(c["tiles"] for c in cells)
     step = _slider("step", "ring step ", 0, P - 1, 1, 0)
     layout = _radio("layout", "layout ", list(layouts))
     ranks = [f"rank {r}" for r in range(P)]
@@ -635,8 +660,9 @@ def ring_steps(N=1024, world_size=4, *, tile=64, layouts=("contiguous", "zigzag"
     base = alt.Chart(_data(cells)).transform_filter("datum.layout == layout")
     done = base.mark_rect(stroke="white", strokeWidth=2).encode(
         x=alt.X("block:N", sort=blocks, title="key block held"), y=alt.Y("rank:N", sort=ranks, title=None),
-        color=alt.condition("datum.step <= step", alt.Color("tiles:Q", scale=alt.Scale(scheme="viridis"),
-                                                              title="tiles"), alt.value(GREY)),
+        color=alt.condition("datum.step <= step",
+                            alt.Color("tiles:Q", scale=alt.Scale(scheme="viridis", domain=[0, most]), title="tiles"),
+                            alt.value(GREY)),
         tooltip=["rank:N", "block:N", "step:O", "tiles:Q"])
     now = base.transform_filter("datum.step == step").mark_rect(fill=None, stroke=RED, strokeWidth=3).encode(
         x=alt.X("block:N", sort=blocks), y=alt.Y("rank:N", sort=ranks))
@@ -644,8 +670,7 @@ def ring_steps(N=1024, world_size=4, *, tile=64, layouts=("contiguous", "zigzag"
         x=alt.X("block:N", sort=blocks), y=alt.Y("rank:N", sort=ranks), text="tiles:Q")
     grid = (done + now + text).properties(width=70 * P, height=36 * P,
                                           title="tiles each rank computes (red: this step)")
-    line = (alt.Chart(_data(totals)).transform_filter("datum.layout == layout && datum.step == step")
-            .mark_text(align="left", fontSize=12).encode(text="text:N").properties(width=70 * P, height=20))
+    line = _line(totals, "datum.layout == layout && datum.step == step", 70 * P)
     chart = alt.vconcat(grid, line).add_params(step, layout)
     return Interactive(chart, "ring-steps", "a slider: the ring step; radio buttons: the layout")
 
@@ -688,8 +713,7 @@ def sliding_window(n=12, *, d=4, seed=0, windows=None):
         color=alt.condition("datum.ok", alt.Color("a:Q", scale=alt.Scale(scheme="viridis", domain=[0, 1]),
                                                   title="weight"), alt.value(GREY)),
         tooltip=["i:O", "j:O", "ok:N", alt.Tooltip("a:Q", format=".3f")])
-    text = (alt.Chart(_data(counts)).transform_filter("datum.w == window")
-            .mark_text(align="left", fontSize=12).encode(text="text:N").properties(width=cell * n, height=20))
+    text = _line(counts, "datum.w == window", cell * n)
     chart = alt.vconcat(heat.properties(width=cell * n, height=cell * n, title="weights in the band (grey: masked)"),
                         text).add_params(window)
     return Interactive(chart, "sliding-window", "a slider: the window w")
