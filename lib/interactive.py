@@ -504,14 +504,14 @@ def online_softmax(scores, values, block):
 # chapter 8: the query tile's size, the bytes it moves and its point on the roofline
 
 
-def tile_roofline(n=8192, d=64, *, tiles=(16, 32, 64, 128, 256), gpu="H100", heads=16, batch=4,
-                  bytes_per_number=2):
-    """Chapter 8: a fused kernel that fetches K and V from HBM again for every block of ``tile`` queries.
+def tile_roofline(n=4096, d=64, *, tiles=(16, 32, 64, 128, 256), gpu="H100", bytes_per_number=2):
+    """Chapter 8: one head of a fused kernel that fetches K and V from HBM again for every block of queries.
 
-    Radio buttons pick the query tile. Bytes: :func:`lib.cost.attention_bytes` (q, k, v, o once) plus K and V again
-    for each further query block; FLOPs: :func:`lib.cost.attention_flops`; the point sits at their intensity under
-    :func:`lib.cost.attainable_flops` of ``gpu``'s datasheet rates: a prediction, not a measurement. Larger tiles
-    re-read less and climb the slope towards the ridge.
+    Radio buttons pick the query tile B_r. Numbers moved, as chapter 8 counts them: Q read and O written once, K and
+    V read once per query block, the n logsumexps written, 2nd + 2nd·ceil(n / B_r) + n; the unfused path's
+    :func:`lib.cost.attention_bytes` with ``scores=True`` and the ideal count (K and V read once, from a cache) are
+    drawn for comparison. FLOPs: :func:`lib.cost.attention_flops`. Each point sits at its intensity under
+    :func:`lib.cost.attainable_flops` with ``gpu``'s datasheet rates: a prediction, not a measurement.
     """
     from lib import cost
 
@@ -521,35 +521,43 @@ def tile_roofline(n=8192, d=64, *, tiles=(16, 32, 64, 128, 256), gpu="H100", hea
     tiles = [_int(t, "tiles", 1, n) for t in tiles]
     if len(tiles) < 2 or sorted(set(tiles)) != tiles:
         raise ValueError(f"tiles must be at least two increasing sizes, got {tiles}")
-    flops = cost.attention_flops(n, E=d, heads=heads, batch=batch)
-    once = cost.attention_bytes(n, E=d, heads=heads, batch=batch, bytes_per_number=bytes_per_number)
-    kv = heads * batch * n * 2 * d * bytes_per_number  # K and V of every head, once
+    elt = _int(bytes_per_number, "bytes_per_number", 1)
+    flops = cost.attention_flops(n, E=d)
+
+    def point(label, nbytes, **extra):
+        i = cost.intensity(flops, nbytes)
+        return {"what": label, "I": _r(i, 2), "tflops": _r(cost.attainable_flops(i, device) / 1e12, 2),
+                "MB": _r(nbytes / 1e6, 2), **extra}
+
     points = []
     for t in tiles:
-        nbytes = once + (math.ceil(n / t) - 1) * kv
-        i = cost.intensity(flops, nbytes)
-        points.append({"tile": t, "I": _r(i, 2), "tflops": _r(cost.attainable_flops(i, device) / 1e12, 2),
-                       "text": f"query tile {t}: K and V read {math.ceil(n / t)} times, "
-                               f"{nbytes / 2**30:.2f} GiB, {i:.0f} FLOP/byte"})
-    i_once = cost.intensity(flops, once)
-    lo, hi = 1.0, max(10 ** math.ceil(math.log10(i_once * 1.5)), 10 * device.ridge)
+        nbytes = (2 * n * d + 2 * n * d * math.ceil(n / t) + n) * elt
+        p = point("tiled", nbytes, tile=t)
+        p["text"] = (f"query tile {t}: K and V read {math.ceil(n / t)} times, {p['MB']:.1f} MB, "
+                     f"{p['I']:.0f} FLOP/byte, at most {p['tflops']:.0f} TFLOP/s")
+        points.append(p)
+    fixed = [point("unfused (scores in HBM)", cost.attention_bytes(n, E=d, bytes_per_number=elt, scores=True)),
+             point("K and V read once", (4 * n * d + n) * elt)]
+    lo = 10 ** math.floor(math.log10(min(fixed[0]["I"], points[0]["I"]) / 1.5))
+    hi = 10 ** math.ceil(math.log10(max(fixed[1]["I"], device.ridge) * 1.5))
     roof = [{"I": _r(x, 3), "tflops": _r(cost.attainable_flops(x, device) / 1e12, 3)}
             for x in sorted({lo, device.ridge, hi, *np.geomspace(lo, hi, 25)})]
-    tile = _radio("tile", "query tile ", tiles, [str(t) for t in tiles], tiles[len(tiles) // 2])
+    tile = _radio("tile", "query tile B_r ", tiles, [str(t) for t in tiles], tiles[len(tiles) // 2])
     xs = alt.X("I:Q", scale=alt.Scale(type="log", domain=[lo, hi]), title="arithmetic intensity (FLOP per byte)")
-    ys = alt.Y("tflops:Q", scale=alt.Scale(type="log"), title="attainable TFLOP/s")
+    ys = alt.Y("tflops:Q", scale=alt.Scale(type="log"), title="attainable TFLOP/s (datasheet)")
     line = alt.Chart(_data(roof)).mark_line(color="black").encode(x=xs, y=ys)
-    cached = alt.Chart(_data([{"I": _r(i_once, 2),
-                                         "tflops": _r(cost.attainable_flops(i_once, device) / 1e12, 2)}]))
-    cached = cached.mark_point(shape="diamond", size=90, color=GREEN, filled=False, strokeWidth=2).encode(
-        x="I:Q", y="tflops:Q", tooltip=[alt.Tooltip("I:Q", title="K, V read once: FLOP/byte", format=".0f")])
+    marks = alt.Chart(_data(fixed)).mark_point(size=90, filled=False, strokeWidth=2).encode(
+        x="I:Q", y="tflops:Q",
+        shape=alt.Shape("what:N", legend=alt.Legend(orient="bottom", title=None)),
+        color=alt.Color("what:N", scale=alt.Scale(domain=[f["what"] for f in fixed], range=[RED, GREEN]),
+                        legend=alt.Legend(orient="bottom", title=None)),
+        tooltip=["what:N", alt.Tooltip("MB:Q", format=".1f"), alt.Tooltip("I:Q", format=".0f")])
     base = alt.Chart(_data(points)).transform_filter("datum.tile == tile")
-    point = base.mark_circle(size=140, color=ORANGE).encode(
-        x="I:Q", y="tflops:Q", tooltip=["tile:Q", alt.Tooltip("I:Q", format=".1f"),
-                                        alt.Tooltip("tflops:Q", format=".0f")])
-    label = base.mark_text(align="left", fontSize=12).encode(x=alt.value(8), y=alt.value(12), text="text:N")
-    chart = (line + cached + point + label).add_params(tile).properties(
-        width=560, height=300, title=f"{device.name} roofline (datasheet rates; diamond: K, V read once)")
+    moving = base.mark_circle(size=140, color=ORANGE).encode(
+        x="I:Q", y="tflops:Q", tooltip=["tile:Q", alt.Tooltip("MB:Q", format=".1f"), alt.Tooltip("I:Q", format=".0f")])
+    plot = (line + marks + moving).properties(width=520, height=280,
+                                             title=f"{device.name}, one head, n = {n}, d = {d} (orange: the tiles)")
+    chart = alt.vconcat(plot, _line(points, "datum.tile == tile", 520)).add_params(tile)
     return Interactive(chart, "tile-roofline", "radio buttons: the query tile")
 
 

@@ -137,7 +137,7 @@ def test_online_softmax_ends_at_attention():
     np.testing.assert_allclose(first, w @ V[:4], atol=1e-4)
 
 
-def test_tile_roofline_bytes_fall_with_the_tile():
+def test_tile_roofline_counts_bytes_as_chapter_8():
     from lib import cost
 
     fig = I.tile_roofline(n=4096, d=64, tiles=(32, 64, 128))
@@ -146,9 +146,14 @@ def test_tile_roofline_bytes_fall_with_the_tile():
     points = rows_with(fig, "tile", "I", "tflops", "text")
     intensities = [p["I"] for p in points]
     assert intensities == sorted(intensities) and len(set(intensities)) == 3
-    flops = cost.attention_flops(4096, E=64, heads=16, batch=4)
-    nbytes = cost.attention_bytes(4096, E=64, heads=16, batch=4) + (4096 // 64 - 1) * 16 * 4 * 4096 * 128 * 2
+    flops = cost.attention_flops(4096, E=64)
+    nbytes = (2 * 4096 * 64 + 2 * 4096 * 64 * 4096 // 64 + 4096) * 2  # chapter 8's count, bfloat16
     assert abs(points[1]["I"] - flops / nbytes) < 0.01
+    assert abs(points[1]["MB"] - nbytes / 1e6) < 0.01
+    fixed = next(rows for rows in datasets(fig).values() if rows[0].get("what", "tiled") != "tiled")
+    unfused = cost.attention_bytes(4096, E=64, scores=True)
+    assert any(abs(p["MB"] - unfused / 1e6) < 0.01 for p in fixed)
+    assert all(p["tflops"] <= cost.gpu("H100").tensor_flops / 1e12 for p in points + fixed)
 
 
 def test_ring_steps_hold_the_rotating_block():
