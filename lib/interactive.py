@@ -355,8 +355,10 @@ def score_products(Q, K, labels=None, *, scale=None):
         raise ValueError(f"Q and K must have the same number of columns, at most 4; got {Qa.shape} and {Ka.shape}")
     n, d = Qa.shape
     scale = 1 / math.sqrt(d) if scale is None else float(scale)
+    if labels is not None and len(labels) == n and len(set(map(str, labels))) < n:  # "the" twice: add positions
+        labels = [f"{t} {word}" for t, word in enumerate(labels)]
     rows = _labels(labels, n)
-    cols = _labels(labels, len(Ka)) if labels is not None and len(labels) == len(Ka) else _labels(None, len(Ka))
+    cols = rows if len(Ka) == n else _labels(None, len(Ka))
     weights = attention_weights(Qa, Ka, scale=scale)  # the same scores, through the library's softmax
     S = (Qa @ Ka.T) * scale
     if not np.allclose(softmax(S), weights, atol=1e-9):
@@ -366,13 +368,14 @@ def score_products(Q, K, labels=None, *, scale=None):
         for j in range(len(Ka)):
             terms = " + ".join(f"{_num(Qa[i, c])}·{_num(Ka[j, c])}" for c in range(d))
             factor = f" × {_r(scale, 3):g}" if scale != 1 else ""
+            written = f"({terms}){factor} = {S[i, j]:.3f}".replace("-", "−")
             cells.append({"i": i, "q": rows[i], "k": cols[j], "S": _r(S[i, j]),
-                          "sum": f"q {rows[i]} · k {cols[j]} = ({terms}){factor} = {S[i, j]:.3f}"})
+                          "sum": f"q {rows[i]} · k {cols[j]} = {written}", "short": f"k {cols[j]}: {written}"})
     row = _slider("row", "query row i ", 0, n - 1, 1, 0)
     base = alt.Chart(_data(cells))
     heat = base.mark_rect().encode(
         x=alt.X("k:N", sort=cols, title="key j"), y=alt.Y("q:N", sort=rows, title="query i"),
-        color=alt.Color("S:Q", scale=alt.Scale(scheme="viridis"), title="score"),
+        color=alt.Color("S:Q", scale=alt.Scale(scheme="viridis"), legend=None),
         tooltip=[alt.Tooltip("sum:N", title="score")])
     outline = base.mark_rect(fill=None, stroke=RED, strokeWidth=3).encode(
         x=alt.X("k:N", sort=cols), y=alt.Y("q:N", sort=rows)).transform_filter("datum.i == row")
@@ -381,9 +384,9 @@ def score_products(Q, K, labels=None, *, scale=None):
         color=alt.condition(f"datum.S > {_r((S.min() + S.max()) / 2)}", alt.value("black"), alt.value("white")))
     matrix = (heat + values + outline).properties(width=32 * len(Ka) + 40, height=32 * n + 40,
                                                   title="scores S = Q Kᵀ · scale")
-    sums = (base.transform_filter("datum.i == row").mark_text(align="left", fontSize=12)
-            .encode(x=alt.value(0), y=alt.Y("k:N", sort=cols, title=None, axis=None), text="sum:N")
-            .properties(width=330, height=32 * len(Ka), title="the chosen row, written out"))
+    sums = (base.transform_filter("datum.i == row").mark_text(align="left", fontSize=11)
+            .encode(x=alt.value(0), y=alt.Y("k:N", sort=cols, title=None, axis=None), text="short:N")
+            .properties(width=80 * d + 70, height=32 * len(Ka), title="q_i · k_j, the chosen row written out"))
     chart = alt.hconcat(matrix, sums).add_params(row)
     return Interactive(chart, "score-products", "a slider: the query row i")
 

@@ -100,7 +100,8 @@ def test_score_products_write_each_score_out():
     for r in cells:
         j = "ABC".index(r["k"])
         assert abs(r["S"] - S[r["i"], j]) < 1e-4
-        assert r["sum"].endswith(f"= {S[r['i'], j]:.3f}") and r["sum"].startswith(f"q {r['q']} · k {r['k']} = (")
+        assert r["sum"].endswith(f"= {S[r['i'], j]:.3f}".replace("-", "−"))
+        assert r["sum"].startswith(f"q {r['q']} · k {r['k']} = (")
 
 
 def test_mask_alignment_every_combination_and_the_empty_row():
