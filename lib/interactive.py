@@ -568,7 +568,7 @@ def tile_roofline(n=4096, d=64, *, tiles=(16, 32, 64, 128, 256), gpu="H100", byt
 # chapter 10: ablating heads
 
 
-def head_ablation(model, tokens, *, example=0, scored=None, length=10):
+def head_ablation(model, tokens, *, example=0, scored=None, length=16):
     """Chapter 10: a checkbox per head of a :class:`lib.model.TinyLM`; maps and accuracy without them.
 
     For every subset of the model's heads (at most 6 heads in all, so at most 64 subsets) the heads are mean-ablated
@@ -611,9 +611,9 @@ def head_ablation(model, tokens, *, example=0, scored=None, length=10):
             accuracy.append({"key": key, "text": f"next-token accuracy {acc:.2f} "
                              f"({'ablated: ' + ', '.join(off) if off else 'every head intact'})"})
             for (layer, h), name in zip(heads, names):
-                w = weights[layer][example, h, :length, :length]
-                maps += [{"key": key, "head": name, "i": i, "j": j, "w": _r(w[i, j], 2)}
-                         for i in range(length) for j in range(i + 1)]
+                w = weights[layer][example, h, :length, :length]  # mean ablation averages over all of tokens
+                maps += [{"key": key, "head": name, "i": i, "w": [_r(w[i, j], 2) for j in range(i + 1)]}
+                         for i in range(length)]  # one row per query: the figure unfolds it (Vega's flatten)
     finally:
         for b, s in zip(blocks, saved):
             b.attention.ablated = s
@@ -623,7 +623,9 @@ def head_ablation(model, tokens, *, example=0, scored=None, length=10):
     data = _data(maps)
 
     def panel(name, first):
-        return (alt.Chart(data, title=name).transform_filter(f"{current} && datum.head == '{name}'").mark_rect()
+        return (alt.Chart(data, title=name).transform_filter(f"{current} && datum.head == '{name}'")
+                .transform_flatten(["w"]).transform_window(j="row_number()", groupby=["i"])
+                .transform_calculate(j="datum.j - 1").mark_rect()
                 .encode(x=alt.X("j:O", title="key", axis=alt.Axis(labels=False, ticks=False)),
                         y=alt.Y("i:O", title="query" if first else None, axis=alt.Axis(labels=False, ticks=False)),
                         color=alt.Color("w:Q", scale=alt.Scale(scheme="viridis", domain=[0, 1]), title="weight"),
