@@ -451,7 +451,7 @@ def mask_alignment(max_L=6, max_S=6, *, d=4, seed=0):
 def online_softmax(scores, values, block):
     """Chapter 7: one query's running maximum m, total l and output after each block of its keys.
 
-    ``scores``: the query's n scores; ``values``: (n, 2) value rows; ``block``: keys per block. After block t the
+    ``scores``: the query's n scores; ``values``: (n, d_v) value rows, d_v <= 4; ``block``: keys per block. After block t the
     state is :func:`lib.merge.attention_state` over the first t blocks' keys (its logsumexp gives l = exp(lse - m)),
     which is what the online softmax holds; after the last block the output equals :func:`lib.attention.attention`.
     A step slider moves through the blocks.
@@ -462,8 +462,8 @@ def online_softmax(scores, values, block):
     alt = _alt()
     s = _array(scores, "scores", 1, min_size=2, max_size=32)
     V = _array(values, "values", 2, min_size=len(s), max_size=len(s))
-    if V.shape[1] != 2:
-        raise ValueError(f"values must be an (n, 2) array, got {V.shape}")
+    if not 1 <= V.shape[1] <= 4:
+        raise ValueError(f"values must be an (n, d_v) array with d_v <= 4, got {V.shape}")
     block = _int(block, "block", 1, len(s))
     q, k = np.ones((1, 1)), s[:, None]  # q·k_j = s_j: the scores themselves, with scale 1
     n_blocks = -(-len(s) // block)
@@ -478,8 +478,8 @@ def online_softmax(scores, values, block):
                   "state": "this block" if seen - block <= j < seen and j >= (t - 1) * block else
                   ("seen" if j < seen else "not yet")} for j in range(len(s))]
         states.append({"t": t, "m": _r(m), "text": f"after block {t}: m = {m:.3f}, ℓ = {ell:.4f}, "
-                       f"output = ({out[0, 0]:.3f}, {out[0, 1]:.3f})"})
-        outs += [{"t": t, "c": f"component {c}", "o": _r(out[0, c]), "final": _r(final[c])} for c in range(2)]
+                       f"output = ({', '.join(f'{x:.3f}' for x in out[0])})".replace("-", "−")})
+        outs += [{"t": t, "c": f"out {c}", "o": _r(out[0, c]), "final": _r(final[c])} for c in range(V.shape[1])]
     step = _slider("t", "after block ", 1, n_blocks, 1, 1)
     colour = alt.Color("state:N", scale=alt.Scale(domain=["seen", "this block", "not yet"],
                                                   range=[BLUE, ORANGE, GREY]),
@@ -496,8 +496,8 @@ def online_softmax(scores, values, block):
                 .mark_bar(color=GREEN).encode(x=alt.X("c:N", title=None), y=alt.Y("o:Q", scale=out_scale,
                                                                                  title="output")))
     final_ticks = (alt.Chart(_data(outs)).transform_filter("datum.t == t")
-                   .mark_tick(color="black", thickness=2, size=40).encode(x="c:N", y="final:Q"))
-    right = (out_bars + final_ticks).properties(width=120, height=200, title="output (tick: exact)")
+                   .mark_tick(color="black", thickness=2, size=30).encode(x="c:N", y="final:Q"))
+    right = (out_bars + final_ticks).properties(width=50 * V.shape[1] + 20, height=200, title="output (tick: exact)")
     caption = _line(states, "datum.t == t", 460)
     chart = alt.vconcat(alt.hconcat(left, right), caption).add_params(step)
     return Interactive(chart, "online-softmax", "a slider: the number of key blocks seen")

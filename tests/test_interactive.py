@@ -243,6 +243,7 @@ def test_every_number_is_rounded():
         (lambda: I.mask_alignment(0), ValueError, "max_L"),
         (lambda: I.mask_alignment(3, 2.5), TypeError, "max_S"),
         (lambda: I.online_softmax([1.0, 2.0], [[1.0, 2.0], [3.0, 4.0]], 3), ValueError, "block"),
+        (lambda: I.online_softmax([1.0, 2.0], np.ones((2, 5)), 1), ValueError, "values"),
         (lambda: I.online_softmax([1.0, np.nan], [[1.0, 2.0], [3.0, 4.0]], 1), ValueError, "scores"),
         (lambda: I.tile_roofline(tiles=(64, 32)), ValueError, "tiles"),
         (lambda: I.tile_roofline(gpu="Z1"), ValueError, "GPU"),
