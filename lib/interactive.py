@@ -13,7 +13,7 @@ shows itself as
                 book's own folder, once per page), nothing is fetched; elsewhere (Jupyter, Colab) the snippet loads
                 Vega from jsDelivr, online, as Altair's renderer does;
     image/png   the first frame, drawn by vl-convert, for a reader without JavaScript (a PDF build, a viewer that
-                strips scripts);
+                strips scripts); left out where vl-convert is not installed (Colab has Altair, not vl-convert);
     text/plain  one line naming the figure and its control.
 The snippet's element id is derived from the spec, and the numbers are rounded, so a fresh run prints the same text
 and strict nbval compares it like any output.
@@ -130,11 +130,12 @@ class Interactive:
     def _repr_mimebundle_(self, include=None, exclude=None):
         import base64
 
-        return {
-            "text/html": self.html(),
-            "image/png": base64.b64encode(self.png()).decode("ascii"),
-            "text/plain": repr(self),
-        }
+        bundle = {"text/html": self.html(), "text/plain": repr(self)}
+        try:  # Colab has Altair but not vl-convert: there the figure shows without its first frame
+            bundle["image/png"] = base64.b64encode(self.png()).decode("ascii")
+        except ImportError:
+            pass
+        return bundle
 
 
 # ----------------------------------------------------------------------------------------------------------------

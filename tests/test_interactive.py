@@ -225,6 +225,12 @@ def test_output_is_the_same_on_every_run_and_carries_a_first_frame():
     assert I.temperature_jacobian([1.0, 0.5, 0.1]).element_id != a.element_id
 
 
+def test_without_vl_convert_the_figure_shows_without_its_first_frame(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vl_convert", None)  # as on Colab, which has Altair but not vl-convert
+    bundle = I.sliding_window(4)._repr_mimebundle_()
+    assert set(bundle) == {"text/html", "text/plain"}
+
+
 def test_every_number_is_rounded():
     fig = I.online_softmax([0.123456789, 1.0, 2.0], [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]], 2)
     text = json.dumps(fig.spec["datasets"])
