@@ -16,8 +16,8 @@ Colab shows a chapter without the book's machinery, so each copy is the chapter 
 - every named figure numbered as the book numbers it (chapter.index: "Figure 7.2"), its caption a Markdown cell
   after the figure cell, and {numref} roles to it written "Figure 7.2", linking to the figure in the book;
 - outputs and execution counts removed, except an interactive figure's (lib/interactive.py): its HTML is kept, with
-  the cell's alt text as its aria-label, so Colab shows the figure before any cell runs (it loads Vega from jsDelivr,
-  never from the book's _static); then a banner cell first, and `"accelerator": "GPU"` kept from the chapter so
+  the cell's alt text as its aria-label, for Colab to draw when it opens the notebook (the snippet loads Vega from
+  jsDelivr, never from the book's _static); then a banner cell first, and `"accelerator": "GPU"` kept from the chapter so
   Colab offers a GPU runtime for the chapters that ask for one.
 The setup cell stays exactly as in the chapter: in Colab it clones the course library and installs nothing.
 Whatever the generator does not know how to convert stops it with an error naming the chapter, never a silent copy.
