@@ -1,5 +1,5 @@
 """lib/interactive.py and tools/interactive_figures.py: the interactive figures' numbers, their controls, their
-output, and a tiny book built with two of them, operated from the keyboard in headless Chromium with no network.
+output, and a tiny book built with all nine, each operated from the keyboard in headless Chromium with no network.
 
 The numbers: for every position of a figure's control, the data the figure holds equals what lib computes there.
 The controls: real HTML inputs (slider, radio, checkbox) with a label. The output: the same text on every run (strict
@@ -277,17 +277,32 @@ def test_the_bundle_matches_the_snippets():
 
 # ------------------------------------------------------------------------------------------------ a tiny book
 
+def figure_meta(name, caption):
+    return {"mystnb": {"figure": {"name": f"fig-demo-{name}", "caption": caption},
+                       "image": {"alt": f"The first frame of the {name} figure, as the chapter describes it."}}}
+
+
+# The tiny book: the two figures the brief asks for first, then the seven others, each drawn by its one-line call.
 DEMO = [
-    ("markdown", "# Two interactive figures\n\n{numref}`fig-demo-temperature` and {numref}`fig-demo-mask` move.", {}),
-    ("code", f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom lib import interactive", {}),
+    ("markdown", "# Interactive figures\n\n{numref}`fig-demo-temperature` and {numref}`fig-demo-mask` move.", {}),
+    ("code", (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport numpy as np\nimport torch\n"
+              "from lib import interactive\nfrom lib.model import TinyLM\n"
+              "torch.manual_seed(0)\nlm, tokens = TinyLM(12, 16, 2, 2, d_ff=0), torch.randint(0, 12, (8, 10))"), {}),
     ("code", "interactive.temperature_jacobian([1.6, 1.3, 0.9, 0.0])",
      {"mystnb": {"figure": {"name": "fig-demo-temperature",
                             "caption": "The slider multiplies the scores by c: the weights and the Jacobian."},
                  "image": {"alt": "Bars of four softmax weights and a four by four Jacobian heatmap."}}}),
-    ("code", "interactive.mask_alignment(4, 4)",
-     {"mystnb": {"figure": {"name": "fig-demo-mask", "caption": "Sliders set L and S; radio buttons the alignment."},
-                 "image": {"alt": "A grid of weights under a causal mask, masked cells grey."}}}),
+    ("code", "interactive.mask_alignment(4, 4)", figure_meta("mask", "Sliders set L and S; radio buttons the alignment.")),
+    ("code", f"interactive.query_angle({KEYS}, {VALUES}, ['A', 'B', 'C'])", figure_meta("angle", "The query turns.")),
+    ("code", f"interactive.score_products({KEYS}, {VALUES})", figure_meta("products", "A row written out.")),
+    ("code", "interactive.online_softmax([1.0, 3.0, 0.5, 2.0, 5.0, -1.0], np.eye(6)[:, :3], 2)",
+     figure_meta("online", "Blocks read so far.")),
+    ("code", "interactive.tile_roofline(1024, 64, tiles=(32, 64, 128))", figure_meta("roofline", "The query tile.")),
+    ("code", "interactive.head_ablation(lm, tokens, length=8)", figure_meta("heads", "Heads ablated.")),
+    ("code", "interactive.ring_steps(512, 4, tile=32)", figure_meta("ring", "The ring's steps.")),
+    ("code", "interactive.sliding_window(8)", figure_meta("window", "The window's width.")),
 ]
+FIGURES = sum(1 for kind, text, _ in DEMO if text.startswith("interactive."))
 
 
 @pytest.fixture(scope="module")
@@ -322,6 +337,7 @@ def test_demo_page_loads_the_bundle_once_from_its_own_folder(demo_book):
     assert len(scripts) == 1 and not re.match(r"^\w+://", scripts[0]), scripts
     assert (demo_book / scripts[0].split("?")[0]).is_file()
     assert page.count('class="sdpa-interactive" role="group" aria-label="Bars of four softmax weights') == 1
+    assert page.count('class="sdpa-interactive" role="group" aria-label="') == FIGURES
     assert re.search(r"Fig\. 1.{0,40}The slider multiplies the scores", page, re.DOTALL), "no numbered caption"
     bytes_gained = len(page.encode()) + (demo_book / scripts[0].split("?")[0]).stat().st_size
     print(f"demo page: {len(page.encode())} bytes of HTML, bundle {bytes_gained - len(page.encode())} bytes")
@@ -350,11 +366,11 @@ def test_demo_figures_move_from_the_keyboard_offline(demo_book):
         tab.on("pageerror", lambda e: errors.append(str(e)))
         tab.goto((demo_book / "demo.html").as_uri(), wait_until="load")
         figures = tab.locator(".sdpa-interactive")
-        assert figures.count() == 2
-        svg = [figures.nth(n).locator("svg").first for n in range(2)]
+        assert figures.count() == FIGURES
+        svg = [figures.nth(n).locator("svg").first for n in range(FIGURES)]
         for picture in svg:
             picture.wait_for(timeout=20_000)
-        for n in range(2):
+        for n in range(FIGURES):
             inputs = figures.nth(n).locator(".vega-bind input")
             labelled = inputs.evaluate_all("(els) => els.map((el) => el.labels.length > 0 && !!el.labels[0].textContent.trim())")
             assert labelled and all(labelled), f"figure {n}: an input without a label"
@@ -371,6 +387,12 @@ def test_demo_figures_move_from_the_keyboard_offline(demo_book):
         press(figures.nth(1).locator("input[type=radio]").first, "ArrowRight", 1)
         assert figures.nth(1).locator("input[type=radio]:checked").get_attribute("value") == "bottom-right"
         press(figures.nth(1).locator("input[type=range]").first, "ArrowRight", 1)  # L: 3 -> 4
+        for n in range(2, FIGURES):  # every other figure: its first control, from the keyboard
+            control = figures.nth(n).locator(".vega-bind input").first
+            kind = control.get_attribute("type")
+            if kind == "radio":  # the arrow moves from the chosen option to the next
+                control = figures.nth(n).locator(".vega-bind input[type=radio]:checked").first
+            press(control, "Space" if kind == "checkbox" else "ArrowRight", n)
         width = tab.evaluate("() => document.documentElement.scrollWidth")
         browser.close()
     assert not outside, f"requests left the page's folder: {outside}"
