@@ -171,6 +171,22 @@ def test_every_fold_says_what_it_holds(page):
     assert not generic, f"{len(generic)} of {len(prompts)} folds say {generic[0]!r} (tag the cell with its role)"
 
 
+def test_landing_page_map_shows_the_reading_times_of_the_notebooks_as_they_are_now():
+    """A build older than a chapter's last change shows stale minutes: the map must match the notebooks."""
+    import json
+
+    from lib.notebook import reading_minutes, reading_surface
+
+    boxes = source_soup(PAGES[0]).select("figure.chapter-map svg a[data-chapter]")
+    shown = {a["data-chapter"]: (a["href"], a["data-minutes"]) for a in boxes}
+    for page in NOTEBOOK_PAGES:
+        key = page.split("/")[-1][:2] if page.startswith("chapters/") else "guide"
+        key = key.lstrip("0")
+        notebook = json.loads((ROOT / f"{page}.ipynb").read_text())
+        assert key in shown, f"the chapter map has no link to {page}"
+        assert shown[key] == (f"{page}.html", str(reading_minutes(reading_surface(notebook)))), page
+
+
 # ------------------------------------------------------------------------------------ the layout, in Playwright
 
 DESKTOP = {"width": 1400, "height": 900}

@@ -329,3 +329,53 @@ def test_reading_minutes_follow_the_words_and_the_code():
     assert reading_minutes({"prose_words": 4000, "visible_code_lines": 100}) == 30  # 20 + 10
     assert reading_minutes({"prose_words": 4500, "visible_code_lines": 260}) == 50  # 22.5 + 26, the budget's most
     assert BUDGET == {"prose_words": 4500, "visible_code_lines": 260, "longest_visible_cell": 25, "figures": 3}
+
+
+# ----------------------------------------------------------------------------- the landing page's chapter map
+
+
+def chapter_map():
+    """tools/chapter_map.py, the Sphinx extension that draws the map (tools/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chapter_map", ROOT / "tools" / "chapter_map.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_chapter_map_has_every_chapter_and_reads_its_minutes_from_the_notebook():
+    extension = chapter_map()
+    boxes = {box["number"]: box for box in extension.entries()}
+    on_disk = {int(path.stem[:2]): path for path in CHAPTERS}
+    assert set(on_disk) <= set(boxes), f"chapters missing from the map in tools/chapter_map.py: {set(on_disk) - set(boxes)}"
+    for number, path in on_disk.items():
+        expected = reading_minutes(reading_surface(json.loads(path.read_text())))
+        assert boxes[number]["minutes"] == expected, f"chapter {number}: the map says {boxes[number]['minutes']} min"
+        assert boxes[number]["docname"] == f"chapters/{path.stem}"
+    for number, box in boxes.items():
+        if number not in on_disk and number is not None:
+            assert box["minutes"] is None and box["docname"] is None, f"chapter {number} has no notebook yet"
+        for before in box["builds_on"]:
+            assert before < (number or 99), f"chapter {number} builds on a later chapter, {before}"
+    guide = boxes[None]
+    assert guide["minutes"] == reading_minutes(reading_surface(json.loads((ROOT / "guide/debugging.ipynb").read_text())))
+
+
+def test_chapter_map_draws_a_linked_box_with_the_minutes_for_each_written_chapter():
+    extension = chapter_map()
+    boxes = extension.entries()
+    svg = extension.svg(boxes, href=lambda docname: f"{docname}.html")
+    for box in boxes:
+        key = box["number"] or "guide"
+        if box["docname"]:
+            assert f'href="{box["docname"]}.html"' in svg
+            assert f'data-chapter="{key}" data-minutes="{box["minutes"]}"' in svg
+            assert f">{box['minutes']} min" in svg
+        else:
+            assert f'<g data-chapter="{key}" data-minutes="">' in svg
+    arrows = svg.count('class="arrow"')
+    assert arrows == sum(len(box["builds_on"]) for box in boxes) > 10
+    assert "<title" in svg and "<desc" in svg  # what the picture says, in words
+    total = sum(box["minutes"] for box in boxes if box["number"] and box["minutes"])
+    assert f"about {total / 60:.0f} hours" in extension.caption(boxes)
