@@ -374,6 +374,11 @@ def test_chapter_map_draws_a_linked_box_with_the_minutes_for_each_written_chapte
             assert f">{box['minutes']} min" in svg
         else:
             assert f'<g data-chapter="{key}" data-minutes="">' in svg
+    narrow = extension.svg(boxes, href=lambda docname: f"{docname}.html", narrow=True)
+    for box in boxes:
+        if box["docname"]:
+            assert f">{box['minutes']} min" in narrow
+    assert 'class="arrow"' not in narrow and "after 6 and 7" in narrow  # a phone's map says what it follows
     arrows = svg.count('class="arrow"')
     assert arrows == sum(len(box["builds_on"]) for box in boxes) > 10
     assert "<title" in svg and "<desc" in svg  # what the picture says, in words

@@ -114,26 +114,40 @@ def describe(boxes):
     return " ".join(parts)
 
 
-def svg(boxes, href):
-    """The map as inline SVG; href(docname) gives a box's link from the page that shows it."""
-    rows = 1 + max(box["place"][0] for box in boxes)
+def svg(boxes, href, narrow=False):
+    """The map as inline SVG; href(docname) gives a box's link from the page that shows it.
+
+    The wide map draws the two lanes and the arrows. The narrow one, for a phone, puts the boxes in reading order in
+    one column at a size its text can be read at, each saying which chapters it follows instead of an arrow.
+    """
+    variant = "narrow" if narrow else "wide"
+    if narrow:
+        order = [box for box in boxes if box["number"]] + [box for box in boxes if not box["number"]]
+        places = {id(box): (row, 0) for row, box in enumerate(order)}
+        width = LANE + 20
+    else:
+        places = {id(box): box["place"] for box in boxes}
+        width = WIDTH
+    rows = 1 + max(row for row, _ in places.values())
     height = 20 + (rows - 1) * ROW + BOX
-    places = {box["number"]: box["place"] for box in boxes if box["number"]}
     out = [
-        (f'<svg class="chapter-map" viewBox="0 0 {WIDTH} {height}" width="{WIDTH}" height="{height}" role="group" '
-        'aria-labelledby="chapter-map-title chapter-map-desc" xmlns="http://www.w3.org/2000/svg">'),
-        ('<title id="chapter-map-title">The chapters, what each builds on, and the minutes each takes to read'
-        "</title>"),
-        f'<desc id="chapter-map-desc">{html.escape(describe(boxes))}</desc>',
-        ('<defs><marker id="chapter-map-head" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
-        'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" class="head"/></marker></defs>'),
+        (f'<svg class="chapter-map {variant}" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+         f'role="group" aria-labelledby="chapter-map-title-{variant} chapter-map-desc-{variant}" '
+         'xmlns="http://www.w3.org/2000/svg">'),
+        (f'<title id="chapter-map-title-{variant}">The chapters, what each builds on, and the minutes each takes '
+         "to read</title>"),
+        f'<desc id="chapter-map-desc-{variant}">{html.escape(describe(boxes))}</desc>',
+        (f'<defs><marker id="chapter-map-head-{variant}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+         'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" class="head"/></marker></defs>'),
     ]
+    if not narrow:
+        by_number = {box["number"]: box for box in boxes if box["number"]}
+        for box in boxes:
+            for before in box["builds_on"]:
+                out.append(f'<path class="arrow" d="{_arrow(places[id(by_number[before])], places[id(box)])}" '
+                           f'marker-end="url(#chapter-map-head-{variant})"/>')
     for box in boxes:
-        for before in box["builds_on"]:
-            out.append(f'<path class="arrow" d="{_arrow(places[before], box["place"])}" '
-                       'marker-end="url(#chapter-map-head)"/>')
-    for box in boxes:
-        x, y = _box(box["place"])
+        x, y = _box(places[id(box)])
         label = f"{box['number']}  {box['title']}" if box["number"] else box["title"]
         if box["minutes"] is None:
             time = "being written"
@@ -141,6 +155,8 @@ def svg(boxes, href):
             time = f"{box['minutes']} min · beside every chapter"
         else:
             time = f"{box['minutes']} min"
+        if narrow and box["builds_on"]:
+            time += f" · after {' and '.join(map(str, box['builds_on']))}"
         kind = "chapter" if box["number"] else "guide"
         state = "" if box["docname"] else " planned"
         shape = (f'<rect class="box {kind}{state}" x="{x}" y="{y}" width="{LANE}" height="{BOX}" rx="8"/>'
@@ -165,7 +181,7 @@ def caption(boxes):
     if len(written) < len(CHAPTERS):
         total += f" for the {len(written)} chapters written so far"
     return (f"The {len(CHAPTERS)} chapters and the field guide. An arrow leads from a chapter to one that builds on "
-            f"it. Each box gives the minutes its main path takes at {WORDS_PER_MINUTE} words and "
+            f"it (on a narrow screen each box names the chapters it follows). Each box gives the minutes its main path takes at {WORDS_PER_MINUTE} words and "
             f"{CODE_LINES_PER_MINUTE} lines of code a minute, folded checks, asides and solutions aside: {total}. "
             "After chapter 7 the book forks: chapters 8 and 9 go onto the GPU, chapters 10 and 12 into a model, "
             "and chapter 11 needs both.")
@@ -177,15 +193,17 @@ class ChapterMap(Directive):
     def run(self):
         env = self.state.document.settings.env
         boxes = entries()
-        for box in boxes:  # rebuild the landing page when a notebook changes
+        for box in boxes:  # rebuild the landing page when a notebook changes, or how the map is drawn or timed
             if box["path"]:
                 env.note_dependency(str(box["path"]))
+        env.note_dependency(__file__)
+        env.note_dependency(str(ROOT / "lib" / "notebook.py"))
         docname = env.docname
 
         def href(target):
             return env.app.builder.get_relative_uri(docname, target)
 
-        figure = (f'<figure class="chapter-map">{svg(boxes, href)}'
+        figure = (f'<figure class="chapter-map">{svg(boxes, href)}{svg(boxes, href, narrow=True)}'
                   f"<figcaption><p>{html.escape(caption(boxes))}</p></figcaption></figure>")
         return [nodes.raw("", figure, format="html")]
 
