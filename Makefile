@@ -39,10 +39,7 @@ lint: $(STAMP)
 test-lib: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -m "not browser" tests
 
-test-measure: $(STAMP)
-	$(BIN)/python tools/measure_book.py
-
-notebooks: $(STAMP)
+test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg chapters guide
 
