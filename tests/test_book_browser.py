@@ -320,7 +320,8 @@ VIEWS = {"desktop": (DESKTOP, False, None), "phone": (PHONE, True, None), "dark"
 PROBES = {
     "desktop": {"mathjax_errors": MATHJAX_ERRORS, "prose": PROSE, "folds": (FOLD_STYLES, TOGGLES),
                 "check_contrast": CHECK_CONTRAST, "sideways": SIDEWAYS},
-    "phone": {"toggle_heights": (TOGGLE_HEIGHTS, TOGGLES), "sideways": SIDEWAYS},
+    "phone": {"page_width": "() => document.documentElement.scrollWidth", "toggle_heights": (TOGGLE_HEIGHTS, TOGGLES),
+              "sideways": SIDEWAYS},
     "dark": {"check_contrast": CHECK_CONTRAST},
 }
 _VISITS = {}
@@ -370,6 +371,12 @@ def test_phone_contents_drawer_opens_and_closes_after_a_tap_on_a_section(browser
     assert on_screen(tab, "nav.page-toc a") == 0, "the contents drawer stays open over the page after the tap"
     assert not tab.evaluate("() => [...document.querySelectorAll('dialog')].some((d) => d.open)")
     tab.context.close()
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_phone_page_is_no_wider_than_the_screen(browser, page):
+    width = visit(browser, page, "phone")["page_width"]
+    assert width <= PHONE["width"], f"at {PHONE['width']} px the page is {width} px wide: the reader scrolls sideways"
 
 
 @pytest.mark.parametrize("page", NOTEBOOK_PAGES)
