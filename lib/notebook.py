@@ -7,6 +7,7 @@ The reading convention (README, "Chapter conventions"): a cell the reader must r
 prints their result; the checks that prove the prose sit in the next cell, tagged ``check``, inside
 ``with checks(...) as check:``, which prints one line such as "✓ 4 checks against PyTorch". ``ROLES`` maps each
 role tag to the fold the book shows and the prompts on it; ``tools/refresh_notebooks.py`` writes them into the cells.
+``reading_surface`` measures what a reader must read in a notebook against a learner's ``BUDGET``.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ def reading_surface(notebook):
 
     ``prose_words`` (Markdown outside folded dropdowns, math and code), ``visible_code_lines`` (non-blank lines of
     the code cells not folded or removed: ``FOLDED_CODE``), ``longest_visible_cell`` and ``figures`` (numbered,
-    captioned figures: cells whose image the book shows under a ``mystnb.figure`` name ``fig-...`` and caption).
+    captioned figures: cells that display something, an image or an interactive chart, under a ``mystnb.figure``
+    name ``fig-...`` and a caption).
     """
     if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
         raise TypeError("notebook must be a notebook as json.load gives it: a dict with a list of cells")
@@ -183,7 +185,7 @@ def reading_surface(notebook):
             surface["visible_code_lines"] += lines
             surface["longest_visible_cell"] = max(surface["longest_visible_cell"], lines)
         shown = not any(tag in ("remove-output", "remove-cell") for tag in tags)
-        image = any({"image/png", "image/svg+xml"} & set(out.get("data", {})) for out in cell.get("outputs", []))
+        image = any(out.get("output_type") in ("display_data", "execute_result") for out in cell.get("outputs", []))
         figure = cell.get("metadata", {}).get("mystnb", {}).get("figure", {})
         named = str(figure.get("name", "")).startswith("fig-") and str(figure.get("caption", "")).strip()
         surface["figures"] += bool(shown and image and named)
