@@ -65,7 +65,7 @@ def measure(html):
                  if {"stream", "text_plain"} & set(box.get("class", [])))
              for out in article.select("div.cell_output")]
     prose = BeautifulSoup(str(article), "html.parser")
-    for element in prose.select("div.cell, pre, code, .math, mjx-container, script, style, details, a.headerlink, "
+    for element in prose.select("div.cell, pre, code, .math, mjx-container, script, style, svg, details, a.headerlink, "
                                 "div.dropdown.admonition"):
         element.decompose()
     return {
