@@ -186,5 +186,5 @@ def test_ledger_ceilings_order_and_measured_rate():
     assert cost.ledger_ceilings(measured, 128, n=8192)[1] < 603 < cost.ledger_ceilings(h100, 128, n=8192)[1]
     with pytest.raises(ValueError, match="overlap"):
         cost.score_ledger(h100, 64).bound("some")
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="d must be an integer >= 1"):
         cost.score_ledger(h100, 0)

@@ -483,7 +483,7 @@ def test_the_all_to_all_count_is_what_its_transport_sends_with_grouped_heads(mon
     (lambda: ring.sent_bytes_per_rank("ulysses", 8, 4, batch_heads=8, batch_kv_heads=2, E=4),
      "batch_kv_heads=2 is not a multiple of 4"),
     (lambda: ring.sent_bytes_per_layer("ulysses", "Llama-3-8B", 4096, 16), "world_size must divide both"),
-    (lambda: ring.sent_bytes_per_layer("ring", "Llama-9", 4096, 2), "no shape for model 'Llama-9'"),
+    (lambda: ring.sent_bytes_per_layer("ring", "Llama-9", 4096, 2), "Llama-9.*no shape for that model"),
     (lambda: ring.hiding_block("H100", group=0), "group must be an integer >= 1"),
     (lambda: ring.hiding_block("H100", flops_per_s=-1.0), "flops_per_s must be a positive number"),
 ])
