@@ -675,7 +675,7 @@ def _schedule(groups, tasks):
     (group, start, name, width) and the finishing time."""
     nxt, ready, core_free, bars = [0] * groups, [0.0] * groups, 0.0, []
     while any(i < len(tasks) for i in nxt):
-        def start(g):
+        def start(g, core_free=core_free):  # this round's state
             unit = tasks[nxt[g]][0]
             return max(ready[g], core_free) if unit == "tensor" else ready[g]
 
