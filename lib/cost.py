@@ -143,12 +143,23 @@ FP32_SOFTMAX_FOLDED = 124 / 32
 FP32_SOFTMAX_UNFOLDED = 154 / 32
 FP32_PER_SCORE_FOLDED = 188 / 32  # head size 128, as compiled
 FP32_PER_SCORE_UNFOLDED = 218 / 32
-# Of those, the ones that do not issue at the FMA pipe's 128 lanes a clock per SM: FMNMX (the running maximum;
-# the CUDA C++ Programming Guide's throughput table gives 32-bit compare/minimum/maximum half the rate of add and
-# multiply on compute capability 8.x and 9.0) and F2FP (the pack of two float32 weights into 16 bits, not an FMA-pipe
-# instruction; counted at the same half rate, an assumption: the guide gives no row for it). 36 + 16 for 32 scores,
-# at either head size.
-FP32_HALF_RATE_PER_SCORE = 52 / 32
+# Of those, the ones that do not issue at the FMA pipe's 128 lanes a clock per SM. FMNMX (the running maximum): the
+# CUDA C++ Programming Guide's throughput table, row "compare, minimum, maximum", gives 64 a clock per SM on compute
+# capability 8.6, 8.9 and 9.0, half their 128 float32 adds and multiplies (on 8.0 both are 64: full rate there).
+# F2FP (the pack of two float32 weights into 16 bits) has no row of its own. The ledger assumes it issues at that
+# same half rate; if it falls in the guide's catch-all row, "all other type conversions" (16 a clock per SM on 9.0,
+# one eighth of the float32 rate), each takes 8 lane slots instead of 2: ``score_ledger(..., f2fp_slots=8)``
+# prices that case. 36 FMNMX + 16 F2FP for 32 scores, at either head size.
+FMNMX_PER_SCORE = 36 / 32
+F2FP_PER_SCORE = 16 / 32
+FP32_HALF_RATE_PER_SCORE = FMNMX_PER_SCORE + F2FP_PER_SCORE  # 52 / 32
+F2FP_SLOTS_CATCH_ALL = 8  # lane slots per F2FP at the guide's "all other type conversions" rate on 9.0
+
+# Two rates measured on one NVIDIA H100 80GB (torch 2.11.0+cu130, Triton 3.6, November 2026), rounded as recorded
+# ("about") in benchmarks/results.md beside SDPA's 417 and 603 TFLOP/s of the same run: a large bfloat16 matrix
+# product, and a copy timed as bytes read plus bytes written a second. Approximate, and one run.
+H100_MEASURED_MATMUL_FLOPS = 790e12
+H100_MEASURED_COPY_BYTES_PER_S = 3.0e12
 
 
 def fp32_per_score(d: int, block_n: int = 64, folded: bool = True) -> float:
@@ -170,11 +181,12 @@ class ScoreLedger:
     exponentials: float  # per score
     fp32_ops: float  # per score, float32 instructions (one lane each), all of them
     hbm_bytes: float  # per score: the compulsory traffic (q, k, v, o once) shared over the n scores of a row
-    fp32_half_rate_ops: float = 0.0  # per score, those of fp32_ops that issue at half the FMA rate (FMNMX, F2FP)
+    fp32_half_rate_ops: float = 0.0  # per score, extra lane slots of the slow ones among fp32_ops (1 per half-rate op)
 
     @property
     def seconds(self) -> dict:
-        """Seconds per score on each unit, at the GPU's datasheet rates; a half-rate instruction takes two lanes' time."""
+        """Seconds per score on each unit, at the GPU's datasheet rates; a half-rate instruction takes two lanes' time
+        (one extra slot), an eighth-rate one eight."""
         lane_slots = self.fp32_ops + self.fp32_half_rate_ops  # an FMA is 2 FLOPs, 1 instruction
         return {
             "tensor cores": self.tensor_flops / self.gpu.tensor_flops,
@@ -202,28 +214,35 @@ class ScoreLedger:
 
 
 def score_ledger(gpu: GPU, d: int, n: int = 4096, products: int = 2, exponentials: float = 1.0,
-                 fp32_ops: float | None = None, elt: int = 2, half_rate: bool = True) -> ScoreLedger:
+                 fp32_ops: float | None = None, elt: int = 2, half_rate: bool = True,
+                 f2fp_slots: float = 2) -> ScoreLedger:
     """The ledger per score of attention with head size ``d`` over ``n`` keys (chapter 8). The forward pass has 2
     products and 1 exponential a score; a backward pass 5 products (7 with a separate dQ kernel) and 1 or 2.
     ``fp32_ops`` defaults to the library's compiled forward loop, :func:`fp32_per_score` ``(d)``, of which
     ``FP32_HALF_RATE_PER_SCORE`` issue at half rate; ``half_rate=False`` counts every one at the FMA rate (the
-    simplification, to price it)."""
+    simplification, to price it). ``f2fp_slots`` is the lane slots each F2FP takes with ``half_rate``: 2 (half rate,
+    the assumption) or ``F2FP_SLOTS_CATCH_ALL`` (the guide's "all other type conversions" row)."""
     device = _gpu(gpu, "gpu")  # a GPU or its name
     d, n, products, elt = _count("d", d), _count("n", n), _count("products", products), _count("elt", elt)
     exponentials = _amount("exponentials", exponentials)
     fp32_ops = fp32_per_score(d) if fp32_ops is None else _amount("fp32_ops", fp32_ops)
-    slow = FP32_HALF_RATE_PER_SCORE if half_rate else 0.0
-    if slow > fp32_ops:
-        raise ValueError(f"fp32_ops={fp32_ops} is fewer than the {slow} half-rate instructions it must include")
+    f2fp_slots = _amount("f2fp_slots", f2fp_slots)
+    if f2fp_slots < 1:
+        raise ValueError(f"f2fp_slots must be at least 1 (a full-rate instruction); got {f2fp_slots}")
+    if half_rate and FP32_HALF_RATE_PER_SCORE > fp32_ops:
+        raise ValueError(f"fp32_ops={fp32_ops} is fewer than the {FP32_HALF_RATE_PER_SCORE} half-rate instructions "
+                         "it must include")
+    slow = FMNMX_PER_SCORE + (f2fp_slots - 1) * F2FP_PER_SCORE if half_rate else 0.0
     return ScoreLedger(device, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n), slow)
 
 
-def ledger_ceilings(gpu: GPU, d: int, n: int = 4096) -> tuple[float, float]:
+def ledger_ceilings(gpu: GPU, d: int, n: int = 4096, f2fp_slots: float = 2) -> tuple[float, float]:
     """Two ceilings on the forward TFLOP/s of a kernel whose products and softmax take turns (chapter 8): all units in
     turn ("serial"), and the softmax's two units overlapping each other but not the products ("softmax"). Only a
     kernel that runs its softmax under its products can pass the second. Pass a :class:`GPU` (or its name) with a
-    measured ``tensor_flops`` (``dataclasses.replace``) for the ceilings at the rate matrix products really reach."""
-    ledger = score_ledger(gpu, d, n)  # which takes a GPU or its name
+    measured ``tensor_flops`` (``dataclasses.replace``) for the ceilings at the rate matrix products really reach;
+    ``f2fp_slots`` as in :func:`score_ledger`."""
+    ledger = score_ledger(gpu, d, n, f2fp_slots=f2fp_slots)  # which takes a GPU or its name
     return ledger.tflops("serial"), ledger.tflops("softmax")
 
 

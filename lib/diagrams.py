@@ -675,7 +675,7 @@ def _schedule(groups, tasks):
     (group, start, name, width) and the finishing time."""
     nxt, ready, core_free, bars = [0] * groups, [0.0] * groups, 0.0, []
     while any(i < len(tasks) for i in nxt):
-        def start(g):
+        def start(g, core_free=core_free):  # this round's state
             unit = tasks[nxt[g]][0]
             return max(ready[g], core_free) if unit == "tensor" else ready[g]
 
@@ -691,11 +691,14 @@ def _schedule(groups, tasks):
 
 
 def warpgroup_schedules(ledger, tiles=3, ax=None):
-    """Three schedules of the key loop (chapter 9), drawn to the ledger's times: one warp group whose products and
-    softmax take turns (this library's kernel), two warp groups with half the rows each in ping-pong (one's softmax
-    under the other's products, as FlashAttention-3 schedules them), and one group that issues the next tile's QKᵀ
+    """Three schedules of the key loop (chapter 9), drawn to the ledger's times for one block of query rows. Top: this
+    library's kernel, 8 warps in two warp groups of 64 rows each, kept in step by the loop's barriers, so their
+    products and their softmax take turns. Middle: the same two groups in ping-pong, as FlashAttention-3 schedules
+    them, one group's softmax under the other's products. A warp group's 4 warps span the SM's 4 sub-partitions, so
+    a group's softmax over half the rows has the exponential and float32 units to itself and takes half the block's
+    softmax time, as its products take half the tensor time. Bottom: one group that issues the next tile's QKᵀ
     before this tile's softmax. ``ledger`` is a :class:`lib.cost.ScoreLedger`; widths are its picoseconds per
-    score for a block of query rows. Returns each schedule's finishing time."""
+    score. Returns each schedule's finishing time."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
@@ -704,7 +707,7 @@ def warpgroup_schedules(ledger, tiles=3, ax=None):
     soft = max(t["exponential unit"], t["float32 lanes"]) * 1e12  # its two units overlapping each other
     colour = {"QKᵀ": BLUE, "softmax": ORANGE, "PV": "#56B4E9"}
     turn = [("tensor", "QKᵀ", mma), ("own", "softmax", soft), ("tensor", "PV", mma)] * tiles
-    half = [("tensor", "QKᵀ", mma / 2), ("own", "softmax", soft), ("tensor", "PV", mma / 2)] * tiles
+    half = [("tensor", "QKᵀ", mma / 2), ("own", "softmax", soft / 2), ("tensor", "PV", mma / 2)] * tiles
     lanes = []  # (row, start, name, width)
     bars, end_turn = _schedule(1, turn)
     lanes += [(0.0, s0, n_, w) for _, s0, n_, w in bars]
@@ -728,7 +731,7 @@ def warpgroup_schedules(ledger, tiles=3, ax=None):
     for y, end in ((0.0, end_turn), (1.025, end_pp), (2.5, end_pipe)):
         ax.text(end + 0.03, y, f"{end:.2f}", va="center", fontsize=8)
     ax.set_yticks([0.0, 0.8, 1.25, 2.5],
-                  ["one warp group,\nin turn", "ping-pong, group 1", "group 2", "one group,\nnext QKᵀ early"])
+                  ["two groups in step,\nin turn (this kernel)", "ping-pong, group 1", "group 2", "one group,\nnext QKᵀ early"])
     ax.invert_yaxis()
     ax.set_xlim(0, end_turn * 1.12)
     ax.set_xlabel(f"picoseconds per score, {tiles} key tiles (the ledger's times at d = {ledger.d}, H100)")

@@ -188,3 +188,16 @@ def test_ledger_ceilings_order_and_measured_rate():
         cost.score_ledger(h100, 64).bound("some")
     with pytest.raises(ValueError, match="d must be an integer >= 1"):
         cost.score_ledger(h100, 0)
+
+
+def test_f2fp_slots_price_the_conversion_and_refuse_less_than_one_slot():
+    h100 = cost.gpu("H100")
+    half, catch_all = (cost.score_ledger(h100, 64, f2fp_slots=s) for s in (2, cost.F2FP_SLOTS_CATCH_ALL))
+    # the slower conversion row only lengthens the float32 bar, and by the F2FP instructions alone
+    assert catch_all.seconds["float32 lanes"] > half.seconds["float32 lanes"]
+    assert catch_all.seconds["tensor cores"] == half.seconds["tensor cores"]
+    assert cost.ledger_ceilings(h100, 64, f2fp_slots=cost.F2FP_SLOTS_CATCH_ALL)[0] < cost.ledger_ceilings(h100, 64)[0]
+    with pytest.raises(ValueError, match="f2fp_slots"):
+        cost.score_ledger(h100, 64, f2fp_slots=0.5)
+    with pytest.raises(TypeError, match="f2fp_slots"):
+        cost.score_ledger(h100, 64, f2fp_slots="2")
