@@ -202,6 +202,21 @@ def test_a_notebook_that_runs_too_long_scores_what_it_reached(book, tmp_path):
     assert result.scores == {1: 1, 2: 0} and result.reasons == {2: "not run: time limit"}
 
 
+def test_the_grader_command_grades_every_readable_notebook_once(book, tmp_path, capsys):
+    folder = tmp_path / "handed-in"
+    submit(folder, "ada", notebook(CELLS))
+    submit(folder, "ada", notebook(CELLS), name="copy_01_one.ipynb")  # ada's second copy of chapter 1
+    (folder / "grace").mkdir()
+    (folder / "grace" / "01_one.ipynb").write_text("{not json")
+    csv_path = tmp_path / "scores.csv"
+    assert grade.main([str(folder), "--course", str(book.root), "--csv", str(csv_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("student  1.1  1.2  total\n------------------------\nada        1    1    2/2\n")
+    assert "Not graded" in out and "a second notebook of chapters/01_one from ada" in out
+    assert "grace/01_one.ipynb" in out
+    assert csv_path.read_text().splitlines() == ["student,1.1,1.2,total", "ada,1,1,2/2"]
+
+
 def test_the_grader_command_prints_the_table_and_refuses_bad_input(tmp_path, capsys):
     assert grade.main([str(tmp_path / "nowhere")]) == 2
     assert "is not a folder" in capsys.readouterr().err
@@ -242,6 +257,7 @@ def test_every_chapter_edition_is_stubbed_graded_and_leak_free(path):
             leaked = {line for line in solution_lines(text(originals[cid])) if line in edition_text}
             assert leaked <= {line for line in leaked if line in elsewhere}, f"exercise {exercise.number} leaks"
             ast.parse(text(cells[cid]))
+            assert max(map(len, text(cells[cid]).splitlines())) <= 88, "a stub wider than 88 columns"
         for cid in exercise.prose:
             block = "".join(m.group(0) for m in ms.SOLUTION_BLOCK.finditer(text(originals[cid])))
             body = [line for line in block.splitlines()[1:-1] if line.strip() and not line.startswith(":")]

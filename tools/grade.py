@@ -210,22 +210,35 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=900, help="seconds a whole notebook may run (900)")
     parser.add_argument("--cell-timeout", type=float, default=600, help="seconds one cell may run (600)")
     parser.add_argument("--csv", type=pathlib.Path, help="also write the table as CSV")
+    parser.add_argument("--course", type=pathlib.Path, default=ROOT,
+                        help="the course whose chapters hold the official grading cells (default: this checkout)")
     args = parser.parse_args(argv)
     if args.timeout <= 0 or args.cell_timeout <= 0:
         parser.error("--timeout and --cell-timeout must be positive")
     try:
         paths = submissions(args.submissions)
-        official = Official()
-        results = []
-        for path in paths:
-            result = grade(path, args.submissions, official, args.timeout, args.cell_timeout)
-            print(f"graded {path.relative_to(args.submissions)} ({result.student}, chapter {result.label}) "
-                  f"in {result.seconds:.0f} s" + (f" ({result.cpu_seconds:.0f} s of processor time)"
-                                                  if result.cpu_seconds is not None else ""), file=sys.stderr)
-            results.append(result)
+        official = Official(args.course)
     except (ValueError, ms.StudentError, mc.ConversionError) as exc:
         print(f"grade: {exc}", file=sys.stderr)
         return 2
+    results, unreadable, seen = [], [], {}
+    for path in paths:
+        name = path.relative_to(args.submissions)
+        try:
+            nb = nbformat.read(path, as_version=4)
+            doc = official.chapter_of(nb, path)
+            student = student_name(args.submissions, path, doc)
+            if (student, doc) in seen:
+                raise ValueError(f"a second notebook of {doc} from {student} (the first: {seen[student, doc]})")
+            seen[student, doc] = name
+            result = grade(path, args.submissions, official, args.timeout, args.cell_timeout)
+        except (ValueError, OSError, nbformat.ValidationError) as exc:  # one bad file stops nobody else's grading
+            unreadable.append(f"  {name}: {' '.join(str(exc).split())[:200]}")
+            continue
+        print(f"graded {name} ({result.student}, chapter {result.label}) in {result.seconds:.0f} s"
+              + (f" ({result.cpu_seconds:.0f} s of processor time)" if result.cpu_seconds is not None else ""),
+              file=sys.stderr)
+        results.append(result)
     header, rows = table(results)
     print(render(header, rows))
     failures = [(r.student, f"{r.label}.{n}", why) for r in results for n, why in sorted(r.reasons.items())]
@@ -233,6 +246,9 @@ def main(argv=None) -> int:
         print("\nWhy an exercise scored 0:")
         for student, exercise, why in failures:
             print(f"  {student}  {exercise}  {' '.join(why.split())}")
+    if unreadable:
+        print("\nNot graded (fix or rename the file, then grade again):")
+        print("\n".join(unreadable))
     if args.csv:
         with args.csv.open("w", newline="") as handle:
             csv.writer(handle).writerows([header, *rows])

@@ -177,15 +177,15 @@ def stub(doc: str, exercise: Exercise, code: str) -> str:
             ("the `...`", any(n not in defined_names(tree) for n in exercise.names)),
             ("the NotImplementedError", any(n in defined_names(tree) for n in exercise.names)),
         ) if used)
-        lines = [f"# Exercise {exercise.number}: write your answer here, in place of {replace}.",
+        lines = [f"# Exercise {exercise.number}: your answer goes here, in place of {replace}.",
                  "# The grading cell after your answer uses these names:"]
         lines += wrap("#   " + ", ".join(exercise.names))
     else:
         lines = [f"# Exercise {exercise.number} is not graded: write your code here."]
-    body: list[str] = []
+    imports, definitions, values = [], [], []
     for statement in tree.body:
         if isinstance(statement, (ast.Import, ast.ImportFrom)):
-            body.append(ast.unparse(statement))
+            imports.append(ast.unparse(statement))
         elif isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)) and statement.name in exercise.names:
             message = f"exercise {exercise.number}: write {statement.name}"
             signature = ast.FunctionDef(
@@ -193,15 +193,22 @@ def stub(doc: str, exercise: Exercise, code: str) -> str:
                 returns=statement.returns, type_params=[],
                 body=[ast.parse(f"raise NotImplementedError({message!r})").body[0]],
             )
-            body.append("\n\n" + ast.unparse(ast.fix_missing_locations(signature)) + "\n")
+            definitions.append(ast.unparse(ast.fix_missing_locations(signature)))
         elif isinstance(statement, ast.ClassDef) and statement.name in exercise.names:
-            body.append(f"\n\nclass {statement.name}:\n    ...  # exercise {exercise.number}\n")
+            shell = ast.ClassDef(name=statement.name, bases=statement.bases, keywords=statement.keywords,
+                                 decorator_list=statement.decorator_list, type_params=[],
+                                 body=[ast.Expr(ast.Constant(Ellipsis))])
+            definitions.append(ast.unparse(ast.fix_missing_locations(shell)) + f"  # exercise {exercise.number}")
     defined = defined_names(tree)
-    for name in bound_names(tree):
-        if name in exercise.names and name not in defined:
-            body.append(f"{name} = ...")
-    text = "\n".join(lines + ([""] if body else []) + [b for b in body]).replace("\n\n\n\n", "\n\n\n")
-    return text.rstrip() + "\n"
+    values = [f"{name} = ..." for name in bound_names(tree) if name in exercise.names and name not in defined]
+    text = "\n".join(lines)
+    if imports:
+        text += "\n\n" + "\n".join(imports)
+    for definition in definitions:
+        text += "\n\n\n" + definition
+    if values:
+        text += ("\n\n\n" if definitions else "\n\n") + "\n".join(values)
+    return text + "\n"
 
 
 def answer_cell(cid: str, exercise: Exercise, rest: str) -> list[dict]:
