@@ -177,11 +177,17 @@ def test_the_grader_scores_each_exercise_by_its_official_grading_cell(book, tmp_
     gutted = {**student, "cells": [c for c in student["cells"] if c["id"] != "cell-008"]}
     submit(folder, "gutted", notebook(CELLS[:8]), name="gutted_01_one.ipynb")  # no grading cell 2
     (folder / "flat_01_one.ipynb").write_text(json.dumps(gutted))
+    no_ids = {**student, "nbformat_minor": 4, "cells": [{k: v for k, v in c.items() if k != "id"}
+                                                        for c in student["cells"]]}
+    for cell in no_ids["cells"]:
+        if "NotImplementedError" in text(cell):
+            cell["source"] = "def double(n):\n    return n + n"  # exercise 1 answered right, from an editor
+    submit(folder, "no_ids", no_ids)
     results = {r.student: r for r in (grade.grade(p, folder, official, timeout=120, cell_timeout=60)
                                       for p in grade.submissions(folder))}
     assert {name: r.scores for name, r in results.items()} == {
         "official": {1: 1, 2: 1}, "untouched": {1: 0, 2: 0}, "broken": {1: 1, 2: 0},
-        "tampered": {1: 0, 2: 0}, "gutted": {1: 1, 2: 0}, "flat": {1: 0, 2: 0},
+        "tampered": {1: 0, 2: 0}, "gutted": {1: 1, 2: 0}, "flat": {1: 0, 2: 0}, "no_ids": {1: 1, 2: 0},
     }
     assert results["broken"].reasons == {2: "AssertionError: 45 != 55"}
     assert results["untouched"].reasons[1] == "NotImplementedError: exercise 1: write double"

@@ -86,23 +86,37 @@ def student_name(folder: pathlib.Path, path: pathlib.Path, chapter: str) -> str:
 GRADER_IMPORT = "from lib.notebook import checks  # the grader's own\n"
 
 
-def prepare(nb: nbformat.NotebookNode, official: dict, exercises: list[ms.Exercise]) -> dict[int, str]:
-    """Put the official grading cells in place of the submission's; return exercise -> 'missing' where one is gone."""
+def find_grading_cell(nb: nbformat.NotebookNode, exercise: ms.Exercise):
+    """The submission's grading cell of an exercise: by its cell id, or, where an editor dropped the ids, by the
+    edition's title line or the `checks("exercise N")` it opens with. None if the student deleted it."""
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+    by_id = [cell for cell in code if cell.get("id") == exercise.check]
+    if by_id:
+        return by_id[0]
+    marks = (f"Grading cell for exercise {exercise.number}:", f'checks("exercise {exercise.number}")')
+    by_text = [cell for cell in code if any(mark in mc.source(cell) for mark in marks)]
+    return by_text[0] if len(by_text) == 1 else None
+
+
+def prepare(nb: nbformat.NotebookNode, official: dict, exercises: list[ms.Exercise]) -> tuple[dict, dict[int, str]]:
+    """Put the official grading cells in place of the submission's. Return exercise -> the cell that grades it, and
+    exercise -> 'grading cell missing' where the student deleted it."""
     cells = {c["id"]: c for c in official["cells"]}
-    mine = {cell.get("id"): cell for cell in nb.cells}
-    missing = {}
+    targets, missing = {}, {}
     for exercise in exercises:
         if not exercise.graded:
             continue
-        if exercise.check not in mine or mine[exercise.check].cell_type != "code":
+        cell = find_grading_cell(nb, exercise)
+        if cell is None:
             missing[exercise.number] = "grading cell missing"
             continue
         # checks imported afresh: a student's own `checks` (a variable, say) cannot stand in for the course's
-        mine[exercise.check].source = GRADER_IMPORT + mc.source(cells[exercise.check]).split("\n", 1)[1]
+        cell.source = GRADER_IMPORT + mc.source(cells[exercise.check]).split("\n", 1)[1]
+        targets[exercise.number] = cell
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    return missing
+    return targets, missing
 
 
 def error_of(cell) -> str | None:
@@ -158,15 +172,14 @@ def grade(path: pathlib.Path, folder: pathlib.Path, official: Official, timeout:
     nb = nbformat.read(path, as_version=4)
     doc = official.chapter_of(nb, path)
     edition, exercises = official.edition(doc)
-    reasons = prepare(nb, edition, exercises)
+    targets, reasons = prepare(nb, edition, exercises)
     start = time.monotonic()
     stopped, cpu = run(nb, timeout, cell_timeout)
     seconds = time.monotonic() - start
-    cells = {cell.get("id"): cell for cell in nb.cells}
     scores = {}
     for exercise in (e for e in exercises if e.graded):
         if exercise.number not in reasons:
-            cell = cells[exercise.check]
+            cell = targets[exercise.number]
             if cell.get("execution_count") is None:
                 reasons[exercise.number] = stopped or "not run"
             elif error_of(cell):
