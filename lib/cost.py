@@ -125,6 +125,12 @@ FP32_SOFTMAX_FOLDED = 124 / 32
 FP32_SOFTMAX_UNFOLDED = 154 / 32
 FP32_PER_SCORE_FOLDED = 188 / 32  # head size 128, as compiled
 FP32_PER_SCORE_UNFOLDED = 218 / 32
+# Of those, the ones that do not issue at the FMA pipe's 128 lanes a clock per SM: FMNMX (the running maximum;
+# the CUDA C++ Programming Guide's throughput table gives 32-bit compare/minimum/maximum half the rate of add and
+# multiply on compute capability 8.x and 9.0) and F2FP (the pack of two float32 weights into 16 bits, not an FMA-pipe
+# instruction; counted at the same half rate, an assumption: the guide gives no row for it). 36 + 16 for 32 scores,
+# at either head size.
+FP32_HALF_RATE_PER_SCORE = 52 / 32
 
 
 def fp32_per_score(d: int, block_n: int = 64, folded: bool = True) -> float:
@@ -143,16 +149,18 @@ class ScoreLedger:
     d: int  # head size
     tensor_flops: float  # per score: 2·d per matrix product
     exponentials: float  # per score
-    fp32_ops: float  # per score, float32 instructions (one lane each)
+    fp32_ops: float  # per score, float32 instructions (one lane each), all of them
     hbm_bytes: float  # per score: the compulsory traffic (q, k, v, o once) shared over the n scores of a row
+    fp32_half_rate_ops: float = 0.0  # per score, those of fp32_ops that issue at half the FMA rate (FMNMX, F2FP)
 
     @property
     def seconds(self) -> dict:
-        """Seconds per score on each unit, at the GPU's datasheet rates."""
+        """Seconds per score on each unit, at the GPU's datasheet rates; a half-rate instruction takes two lanes' time."""
+        lane_slots = self.fp32_ops + self.fp32_half_rate_ops  # an FMA is 2 FLOPs, 1 instruction
         return {
             "tensor cores": self.tensor_flops / self.gpu.tensor_flops,
             "exponential unit": self.exponentials / self.gpu.exp_per_s,
-            "float32 lanes": self.fp32_ops / (self.gpu.fp32_flops / 2),  # an FMA is 2 FLOPs, 1 instruction
+            "float32 lanes": lane_slots / (self.gpu.fp32_flops / 2),
             "HBM": self.hbm_bytes / self.gpu.hbm_bytes_per_s,
         }
 
@@ -175,20 +183,27 @@ class ScoreLedger:
 
 
 def score_ledger(gpu: GPU, d: int, n: int = 4096, products: int = 2, exponentials: float = 1.0,
-                 fp32_ops: float | None = None, elt: int = 2) -> ScoreLedger:
+                 fp32_ops: float | None = None, elt: int = 2, half_rate: bool = True) -> ScoreLedger:
     """The ledger per score of attention with head size ``d`` over ``n`` keys (chapter 8). The forward pass has 2
     products and 1 exponential a score; a backward pass 5 products (7 with a separate dQ kernel) and 1 or 2.
-    ``fp32_ops`` defaults to the library's compiled forward loop, :func:`fp32_per_score` ``(d)``."""
+    ``fp32_ops`` defaults to the library's compiled forward loop, :func:`fp32_per_score` ``(d)``, of which
+    ``FP32_HALF_RATE_PER_SCORE`` issue at half rate; ``half_rate=False`` counts every one at the FMA rate (the
+    simplification, to price it)."""
     if d <= 0 or n <= 0 or products <= 0:
         raise ValueError(f"d, n and products must be positive; got d={d}, n={n}, products={products}")
     if fp32_ops is None:
         fp32_ops = fp32_per_score(d)
-    return ScoreLedger(gpu, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n))
+    slow = FP32_HALF_RATE_PER_SCORE if half_rate else 0.0
+    if slow > fp32_ops:
+        raise ValueError(f"fp32_ops={fp32_ops} is fewer than the {slow} half-rate instructions it must include")
+    return ScoreLedger(gpu, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n), slow)
 
 
-def predicted_sdpa_tflops(gpu: GPU, d: int, n: int = 4096) -> tuple[float, float]:
-    """The forward TFLOP/s a one-warpgroup-at-a-time kernel lands between (chapter 8): all units in turn, and the
-    softmax's two units overlapping each other. A kernel that overlaps products with softmax can pass the second."""
+def ledger_ceilings(gpu: GPU, d: int, n: int = 4096) -> tuple[float, float]:
+    """Two ceilings on the forward TFLOP/s of a kernel whose products and softmax take turns (chapter 8): all units in
+    turn ("serial"), and the softmax's two units overlapping each other but not the products ("softmax"). Only a
+    kernel that runs its softmax under its products can pass the second. Pass a :class:`GPU` with a measured
+    ``tensor_flops`` (``dataclasses.replace``) for the ceilings at the rate matrix products really reach."""
     ledger = score_ledger(gpu, d, n)
     return ledger.tflops("serial"), ledger.tflops("softmax")
 
@@ -406,3 +421,70 @@ def cache_outweighs_weights(shape, *, batch=1, bytes_per_number=2):
     per_token = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, 1, bytes_per_number,
                                _count("batch", batch))
     return shape.params * bytes_per_number / per_token
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapter 12: what the variants of the formula cache and score. A sliding window caps the cache of its layers at
+# `window` tokens and a row's scores at `window`; latent attention caches one latent and one rotary key per token
+# for all heads; linear attention keeps a fixed state. Counts, not measurements.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def band_scores(n, window=None):
+    """(query, key) scores a causal sliding window of ``window`` keys computes over n tokens (all of them: None).
+
+    Row i scores min(i + 1, window) keys, so the total grows like n · window once n passes the window, against
+    n (n + 1) / 2 for the causal mask (:func:`lib.tiles.tile_count` counts the tiles a kernel visits for it).
+    """
+    n = _count("n", n, 0)
+    w = n if window is None else min(n, _count("window", window))
+    return w * (w + 1) // 2 + (n - w) * w  # the first w rows fill up, the rest score w keys each
+
+
+def mla_cache_bytes(n_layers, d_latent, d_rope, n_tokens, bytes_per_number, batch=1):
+    """Bytes of a multi-head latent attention cache: layers · (d_latent + d_rope) · tokens · bytes · batch.
+
+    One latent and one decoupled rotary key per token and layer, shared by every head (DeepSeek-V2).
+    """
+    n_layers, d_latent, d_rope = _count("n_layers", n_layers), _count("d_latent", d_latent), _count("d_rope", d_rope)
+    n_tokens, batch = _count("n_tokens", n_tokens, 0), _count("batch", batch)
+    return n_layers * (d_latent + d_rope) * n_tokens * _count("bytes_per_number", bytes_per_number) * batch
+
+
+def windowed_cache_bytes(windows, n_kv_heads, d_head, n_tokens, bytes_per_number, batch=1):
+    """Bytes of a KV cache whose layers hold at most their window: ``windows`` has one entry per layer, an int for
+    a sliding-window layer (a rolling cache of that many slots) or None for a global layer (every token)."""
+    if not windows:
+        raise ValueError("windows needs one entry per layer: an int window, or None for a global layer")
+    n_tokens = _count("n_tokens", n_tokens, 0)
+    kept = [n_tokens if w is None else min(n_tokens, _count("window", w)) for w in windows]
+    return sum(kv_cache_bytes(1, n_kv_heads, d_head, k, bytes_per_number, batch) for k in kept)
+
+
+def linear_state_bytes(n_layers, n_heads, d_head, d_v, bytes_per_number):
+    """Bytes of a linear-attention model's recurrent state: per layer and head, a d_head × d_v matrix and a d_head
+    normaliser, whatever the number of tokens."""
+    sizes = [_count(n, v) for n, v in (("n_layers", n_layers), ("n_heads", n_heads), ("d_head", d_head),
+                                       ("d_v", d_v), ("bytes_per_number", bytes_per_number))]
+    n_layers, n_heads, d_head, d_v, b = sizes
+    return n_layers * n_heads * (d_head * d_v + d_head) * b
+
+
+# Published configurations (each model's config.json on the Hugging Face Hub, and the papers cited in chapter 12).
+# MHA, GQA and MQA are the same cache with as many key/value heads as query heads, a few, or one; "as MHA" is what
+# DeepSeek-V3's 128 heads would cache as keys and values of 128 numbers each, the comparison DeepSeek-V2's paper
+# makes (its keys are in fact 128 + 64 wide: the cost of MHA is, if anything, understated).
+CACHE_CONFIGS = {
+    "Llama 2 7B (MHA)": {"n_layers": 32, "n_kv_heads": 32, "d_head": 128},
+    "Llama 3 70B (GQA, 8 groups)": {"n_layers": 80, "n_kv_heads": 8, "d_head": 128},
+    "Falcon 7B (MQA)": {"n_layers": 32, "n_kv_heads": 1, "d_head": 64},
+    "DeepSeek-V3 as MHA": {"n_layers": 61, "n_kv_heads": 128, "d_head": 128},
+    "DeepSeek-V3 (MLA)": {"n_layers": 61, "d_latent": 512, "d_rope": 64},
+}
+
+
+def cache_bytes_per_token(config, bytes_per_number=2):
+    """Cache bytes one token adds, for a CACHE_CONFIGS entry (or a dict like one): MLA if it has ``d_latent``."""
+    if "d_latent" in config:
+        return mla_cache_bytes(config["n_layers"], config["d_latent"], config["d_rope"], 1, bytes_per_number)
+    return kv_cache_bytes(config["n_layers"], config["n_kv_heads"], config["d_head"], 1, bytes_per_number)

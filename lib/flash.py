@@ -1,4 +1,4 @@
-"""FlashAttention on a GPU: softmax(q kᵀ · scale) v as Triton kernels, forward and backward (chapter 8).
+"""FlashAttention on a GPU: softmax(q kᵀ · scale) v as Triton kernels, forward and backward (chapter 9).
 
 The algorithm is chapter 7's tiled loop the FlashAttention-2 way round: one program per (batch·head, query block)
 keeps its queries, a running maximum, a running sum and an output accumulator on chip, and walks the key blocks.
@@ -10,7 +10,7 @@ Shapes as in :mod:`lib.attention`: q (..., L, E), k (..., S, E), v (..., S, Ev).
 dimensions into one, Z, so every kernel sees q (Z, L, E), k (Z, S, E), v (Z, S, Ev), reached through strides.
 
 On a CPU, Triton's interpreter runs the same kernels, slowly, when the environment variable TRITON_INTERPRET=1 is
-set before Triton is first imported (by anything: some torch modules import it): the tests and chapter 8 use it at
+set before Triton is first imported (by anything: some torch modules import it): the tests and chapter 9 use it at
 small sizes.
 """
 
@@ -102,7 +102,7 @@ BACKWARD_TILES = BACKWARD_KV_TILES  # the name the sweeps used before the dQ ker
 
 @dataclass(frozen=True)
 class Variant:
-    """Which of the kernel's design steps are on: each can be switched alone, to be measured alone (chapter 8)."""
+    """Which of the kernel's design steps are on: each can be switched alone, to be measured alone (chapter 9)."""
 
     fold_scale: bool = True  # forward: max on raw scores, scale folded into the exponent's FMA (one op less a score)
     delta_kernel: bool = True  # backward: D = rowsum(dO ∘ O) in a Triton kernel, not in eager PyTorch
@@ -171,13 +171,14 @@ def _split_program(n_rows, BLOCK: tl.constexpr, REVERSE: tl.constexpr = False):
 def _forward_tiles(
     acc, l_i, m_i, q, K_z, V_z, lo, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
     E: tl.constexpr, EV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr,
+    PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr, WINDOW=0, WINDOWED: tl.constexpr = False,
 ):
     """The online softmax over key tiles lo, lo + BLOCK_N, ... < hi. MASKED tiles may reach past S or into a
     row's causal future; the others are wholly allowed, and skip the comparisons. A tile's addresses are formed
     where it is loaded, from the tile's 64-bit base and 32-bit offsets within it: a tensor of BLOCK_E × BLOCK_N
     pointers kept across the loop would take registers that the matrix products need. TMA: K_z and V_z are tensor
-    descriptors, and one instruction copies a whole tile (rows past S and columns past E arrive as zeros)."""
+    descriptors, and one instruction copies a whole tile (rows past S and columns past E arrive as zeros).
+    WINDOWED (chapter 12): the MASKED tiles also drop keys older than each row's window of WINDOW keys."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + cols0  # (BLOCK_N,) key indices of this tile
         if TMA:
@@ -213,6 +214,8 @@ def _forward_tiles(
             allowed = cols[None, :] < S
             if CAUSAL:
                 allowed = allowed & (cols[None, :] <= rows[:, None])
+            if WINDOWED:  # the sliding window (chapter 12): only the last WINDOW keys
+                allowed = allowed & (cols[None, :] > rows[:, None] - WINDOW)
             s = tl.where(allowed, s, float("-inf"))
         if FOLD:
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # (BLOCK_M,)
@@ -258,7 +261,7 @@ def _flash_forward(
     L, S, qk_scale, TUNE_L, TUNE_S, TUNE_Z,
     E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr, LPT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, WINDOW=0, WINDOWED: tl.constexpr = False,
 ):
     # batch·head index, first query row of this program
     z, start_m = _split_program(L, BLOCK_M, CAUSAL and LPT)
@@ -299,13 +302,19 @@ def _flash_forward(
     else:
         hi = S
         full = (S // BLOCK_N) * BLOCK_N
+    lo = 0
+    # Sliding window (chapter 12): tiles wholly older than the first row's window are never visited; every
+    # visited tile takes the masked path, which also cuts the window's lower edge.
+    if WINDOWED:
+        lo = (tl.maximum(start_m - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
+        full = lo
     acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, K_z, V_z, 0, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
+        acc, l_i, m_i, q, K_z, V_z, lo, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
         E, EV, False, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA,
     )
     acc, l_i, m_i = _forward_tiles(
         acc, l_i, m_i, q, K_z, V_z, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
-        E, EV, True, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA,
+        E, EV, True, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA, WINDOW, WINDOWED,
     )
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # a row with no key gets 0, not 0/0
@@ -642,7 +651,7 @@ def _scratch_for_descriptors():
         _ALLOCATOR_SET.append(True)
 
 
-def _forward(q, k, v, causal, scale, tiles=None, variant=None):
+def _forward(q, k, v, causal, scale, tiles=None, variant=None, window=None):
     """q (Z, L, E), k (Z, S, E), v (Z, S, Ev) -> output (Z, L, Ev) and logsumexp (Z, L),
     base 2, float32."""
     variant = variant or DEFAULT
@@ -661,6 +670,7 @@ def _forward(q, k, v, causal, scale, tiles=None, variant=None):
             E=E, EV=EV, BLOCK_E=_head_block(E), BLOCK_EV=_head_block(EV), CAUSAL=causal,
             PRECISION=_precision(q.dtype), FOLD=variant.fold_scale, TMA=tma,
             LPT=variant.lpt, tiles=tiles,
+            WINDOW=window or 0, WINDOWED=window is not None,  # chapter 12
         )
     return o, lse
 
@@ -713,8 +723,8 @@ class _FlashAttention(torch.autograd.Function):
     """Saves q, k, v, the output and the logsumexp: nothing of size L × S."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, variant):
-        o, lse = _forward(q, k, v, causal, scale, variant=variant)
+    def forward(ctx, q, k, v, causal, scale, variant, window=None):
+        o, lse = _forward(q, k, v, causal, scale, variant=variant, window=window)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.variant = causal, scale, variant
         return o
@@ -723,7 +733,7 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, variant=ctx.variant)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -801,8 +811,9 @@ def _check_variant(variant, deterministic):
     return variant
 
 
-def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, deterministic=False, variant=None):
-    """FlashAttention-2 in Triton: softmax(q kᵀ · scale) v without the (..., L, S) matrix (chapter 8).
+def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, deterministic=False, variant=None,
+                    window=None):
+    """FlashAttention-2 in Triton: softmax(q kᵀ · scale) v without the (..., L, S) matrix (chapter 9).
 
     q (..., L, E), k (..., S, E), v (..., S, Ev) torch tensors on a CUDA GPU, in float16, bfloat16 or float32,
     batch dims broadcast; returns (..., L, Ev) in the inputs' dtype. Any L and S (not only multiples of the tile
@@ -822,6 +833,10 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
     no TF32), far slower: the kernel is built for half precision. Differentiable: the backward pass recomputes each tile's
     weights from the saved row logsumexp, so training saves nothing of size L × S. On a CPU the kernels run in
     Triton's interpreter if TRITON_INTERPRET=1 was set before Triton was first imported (not for bfloat16).
+
+    ``window`` (with ``causal=True``) is a sliding window: query i sees keys i - window < j <= i, and key tiles
+    wholly older than a query tile's window are skipped, so the work grows like L × window (chapter 12). The
+    window has a forward pass only: with it, inputs that require gradients raise.
     """
     batch, L, S, E, Ev = _check(q, k, v, mask)
     offset = _check_causal(causal, L, S)  # None, or the diagonal's offset: 0 is top-left
@@ -832,6 +847,16 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
             "lib.attention.flash_decode (the last L of S tokens) or lib.attention.attention"
         )
     causal = offset == 0
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise TypeError(f"window must be an integer or None, got {type(window).__name__}")
+        if window < 1:
+            raise ValueError(f"window must be at least 1 (keys a query sees, itself included), got {window}")
+        if not causal:
+            raise ValueError("window needs causal=True: the window is the last `window` keys up to each query")
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+            raise NotImplementedError("flash_attention's window has a forward pass only: call it under "
+                                      "torch.no_grad(), or use lib.attention.tiled_attention(..., window=)")
     scale = _check_scale(scale, E)
     variant = _check_variant(variant, deterministic)
     Z = math.prod(batch)
@@ -841,5 +866,5 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
     q3 = q.expand(batch + (L, E)).reshape(Z, L, E)  # (Z, L, E), a view whenever the batch dims allow
     k3 = k.expand(batch + (S, E)).reshape(Z, S, E)  # (Z, S, E)
     v3 = v.expand(batch + (S, Ev)).reshape(Z, S, Ev)  # (Z, S, Ev)
-    out = _FlashAttention.apply(q3, k3, v3, bool(causal), scale, variant)  # (Z, L, Ev)
+    out = _FlashAttention.apply(q3, k3, v3, bool(causal), scale, variant, window)  # (Z, L, Ev)
     return out.reshape(batch + (L, Ev))

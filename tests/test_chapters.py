@@ -89,9 +89,18 @@ def test_chapter_anatomy(path):
     assert 2 <= len(code_solutions) + len(written) <= 12, (
         "2 to 6 exercises, each with its solution: a code cell tagged solution or a Solution dropdown"
     )
+    previous = None
     for cell in exercises:
         if cell["cell_type"] == "code" and FOLDS & set(tags(cell)):
-            assert "solution" in tags(cell), f"a folded cell among the exercises is not tagged solution: {first(cell)}"
+            assert {"solution", "check"} & set(tags(cell)), (
+                f"a folded cell among the exercises is neither a solution nor its check: {first(cell)}"
+            )
+        if cell["cell_type"] == "code" and "check" in tags(cell):
+            # the grading cell of an exercise: it follows the solution it grades and names the exercise
+            assert previous is not None and "solution" in tags(previous), f"a check with no solution before it: {first(cell)}"
+            assert re.search(r'checks\("exercise \d+', source(cell)), f"an exercise's check names no exercise: {first(cell)}"
+        if cell["cell_type"] == "code":
+            previous = cell
         if cell["cell_type"] == "code" and "solution" in tags(cell):
             answers = [ln for ln in source(cell).splitlines() if re.match(r"^\s*#\s*answer\b", ln, re.IGNORECASE)]
             assert not answers, f"a written answer as a code comment (write it in a Solution dropdown): {answers[0]}"

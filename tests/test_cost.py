@@ -120,3 +120,42 @@ def test_cache_outweighs_weights():
     assert t2 == 6_738_415_616 * 2 / 524_288 and math.floor(t2) == 25_705
     assert cost.cache_outweighs_weights(llama3) == pytest.approx(122_532.06, abs=0.01)
     assert cost.cache_outweighs_weights(llama2, batch=8) == t2 / 8
+
+
+# ------------------------------------------------------------------------------ the ledger per score (chapter 8)
+
+
+def test_ledger_at_d_64_ties_the_tensor_cores_and_the_exponentials():
+    t = cost.score_ledger(cost.gpu("H100"), 64).seconds
+    assert 0.9 < t["tensor cores"] / t["exponential unit"] < 1.2
+    assert t["HBM"] < 0.2 * t["tensor cores"]  # the compulsory traffic is not what binds
+    t128 = cost.score_ledger(cost.gpu("H100"), 128).seconds
+    assert t128["tensor cores"] == pytest.approx(2 * t["tensor cores"])
+    assert t128["exponential unit"] == t["exponential unit"]
+
+
+def test_ledger_counts_fmnmx_and_f2fp_at_half_rate():
+    h100 = cost.gpu("H100")
+    slow, fast = cost.score_ledger(h100, 64), cost.score_ledger(h100, 64, half_rate=False)
+    lane = 2 / h100.fp32_flops  # seconds of one float32 instruction per lane, whole GPU
+    extra = slow.seconds["float32 lanes"] - fast.seconds["float32 lanes"]
+    assert extra == pytest.approx(cost.FP32_HALF_RATE_PER_SCORE * lane)
+    assert slow.tflops("serial") < fast.tflops("serial")
+    assert slow.tflops("softmax") == fast.tflops("softmax")  # the exponentials are the longer of the two there
+    with pytest.raises(ValueError, match="fp32_ops"):
+        cost.score_ledger(h100, 64, fp32_ops=1.0)
+
+
+def test_ledger_ceilings_order_and_measured_rate():
+    import dataclasses
+
+    h100 = cost.gpu("H100")
+    low, high = cost.ledger_ceilings(h100, 64)
+    assert low < high < cost.score_ledger(h100, 64).tflops("full")
+    measured = dataclasses.replace(h100, tensor_flops=790e12)
+    # at the matrix rate measured on an H100, 603 TFLOP/s (SDPA, d 128) is above the turn-taking ceiling
+    assert cost.ledger_ceilings(measured, 128, n=8192)[1] < 603 < cost.ledger_ceilings(h100, 128, n=8192)[1]
+    with pytest.raises(ValueError, match="overlap"):
+        cost.score_ledger(h100, 64).bound("some")
+    with pytest.raises(ValueError, match="positive"):
+        cost.score_ledger(h100, 0)

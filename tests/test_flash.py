@@ -284,7 +284,7 @@ def test_cuda_float32_and_cross_attention_match_sdpa():
 @needs_interpreter
 def test_the_gpu_benchmark_runs_end_to_end_in_the_interpreter(tmp_path):
     # The benchmark's GPU timing cannot run here, but everything else can: every rung of the ladder, the comparison
-    # with SDPA, the profiler's backend name at the timed shape and the CSV file that chapter 8 plots.
+    # with SDPA, the profiler's backend name at the timed shape and the CSV file that chapter 9 plots.
     table = tmp_path / "gpu.csv"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_gpu.py"), "--device", "cpu", "--dtypes",
            "float32", "--d", "16", "--sizes", "20", "--batch", "1", "--heads", "2", "--reps", "1", "--csv", str(table)]

@@ -1,11 +1,20 @@
 """lib.model: RoPE attention against SDPA, the pre-norm block, and generate with a cache equal to generate without."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from lib.decoding import KVCache
-from lib.model import CausalSelfAttention, DecoderBlock, TinyLM, generate
+from lib.model import (
+    CausalSelfAttention,
+    DecoderBlock,
+    TinyLM,
+    TwoCopies,
+    generate,
+    head_ablations,
+)
 from lib.modules import merge_heads, split_heads
 from lib.positions import apply_rope
 
@@ -71,17 +80,127 @@ def test_without_rope_attention_cannot_tell_the_order_of_earlier_tokens():
         assert not torch.allclose(layer_on(x)[:, -1], layer_on(swapped)[:, -1], atol=1e-4)
 
 
-def test_ablating_a_head_replaces_its_output_by_its_mean():
+def test_ablating_a_head_replaces_its_output_by_its_mean_over_reference_inputs():
     torch.manual_seed(4)
-    layer = CausalSelfAttention(8, 2).eval()
-    x = torch.randn(3, 5, 8)
+    lm = TinyLM(11, 8, 1, 2).eval()
+    layer = lm.blocks[0].attention
+    reference, tokens = torch.randint(0, 11, (6, 7)), torch.randint(0, 11, (3, 5))
+    lm.fit_head_means(reference)
+    x = lm.blocks[0].norm_attention(lm.embed(tokens))
     with torch.no_grad():
+        ref_x = lm.blocks[0].norm_attention(lm.embed(reference))
+        _, w_ref = layer(ref_x, return_weights=True)
+        mean = (w_ref @ split_heads(ref_x @ layer.w_v, 2)).mean(dim=(0, 2))  # (2, 4): values are not rotated
         _, w = layer(x, return_weights=True)
         heads = w @ split_heads(x @ layer.w_v, 2)  # (3, 2, 5, 4)
-        heads[:, 1] = heads[:, 1].mean(dim=(0, 1), keepdim=True)
+        heads[:, 1] = mean[1]
+        torch.testing.assert_close(layer.head_means, mean, **TOL)
         layer.ablated = {1}
         torch.testing.assert_close(layer(x), merge_heads(heads) @ layer.w_o, **TOL)
         torch.testing.assert_close(layer(x, return_weights=True)[0], merge_heads(heads) @ layer.w_o, **TOL)
+
+
+def test_mean_ablation_is_refused_before_the_means_are_fitted():
+    lm = TinyLM(11, 8, 2, 2).eval()
+    lm.blocks[1].attention.ablated = {0}
+    with pytest.raises(ValueError, match="fit_head_means"):
+        lm(torch.zeros(1, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="fit_head_means"), lm.ablate({0: [1]}):
+        pass
+
+
+@pytest.mark.parametrize("ablated", [{(1, 0)}, {(0, 1), (1, 0), (1, 1)}, {(1, 0), (1, 1)}])
+def test_generation_under_ablation_with_a_cache_equals_without(ablated):
+    torch.manual_seed(11)
+    lm = TinyLM(17, 16, 2, 2).eval()
+    lm.fit_head_means(torch.randint(0, 17, (8, 10)))
+    heads = {}
+    for layer, head in ablated:
+        heads.setdefault(layer, []).append(head)
+    prompt = torch.randint(0, 17, (1, 4))  # one sequence: the case a per-call mean got wrong
+    with lm.ablate(heads):
+        cached, cached_logits = generate(lm, prompt, 6)
+        plain, plain_logits = generate(lm, prompt, 6, use_cache=False)
+        with torch.no_grad():
+            full = lm(cached)[:, 3:-1]
+    intact = generate(lm, prompt, 6)[1]
+    assert torch.equal(cached, plain)
+    torch.testing.assert_close(torch.stack(cached_logits, 1), torch.stack(plain_logits, 1), **TOL)
+    torch.testing.assert_close(torch.stack(cached_logits, 1), full, **TOL)
+    assert not torch.allclose(torch.stack(intact, 1), torch.stack(cached_logits, 1), atol=1e-3)  # it did ablate
+    assert all(not layer.ablated for layer in lm.attention_layers())  # restored on leaving
+
+
+@pytest.mark.parametrize("source", [False, True])
+def test_an_ablated_sequence_does_not_depend_on_the_rest_of_the_batch(source):
+    torch.manual_seed(12)
+    lm = TinyLM(13, 16, 2, 2).eval()
+    lm.fit_head_means(torch.randint(0, 13, (8, 6)))
+    alone, others = torch.randint(0, 13, (1, 6)), torch.randint(0, 13, (3, 6))
+    batch = torch.cat([alone, others])
+    swap = torch.randint(0, 13, (4, 6))  # resample: each sequence's own source
+    with torch.no_grad():
+        with lm.ablate({1: [0], 0: [1]}, source=swap[:1] if source else None):
+            by_itself = lm(alone)
+        with lm.ablate({1: [0], 0: [1]}, source=swap if source else None):
+            in_batch = lm(batch)[:1]
+        intact = lm(alone)
+    torch.testing.assert_close(in_batch, by_itself, **TOL)
+    assert not torch.allclose(intact, by_itself, atol=1e-3)
+
+
+def test_resample_ablation_takes_each_heads_output_on_the_source():
+    torch.manual_seed(13)
+    lm = TinyLM(13, 16, 2, 2).eval()
+    tokens, source = torch.randint(0, 13, (2, 6)), torch.randint(0, 13, (2, 6))
+    with torch.no_grad():
+        with lm.ablate({0: [0, 1]}, source=source):  # all of layer 0 from the source
+            patched = lm(tokens)
+        # by hand: layer 0 outputs exactly what it output on the source, layer 1 runs on the mixed stream
+        x_src = lm.embed(source)
+        mixed0 = lm.blocks[0].attention(lm.blocks[0].norm_attention(x_src))
+        x = lm.embed(tokens) + mixed0
+        x = x + lm.blocks[0].mlp(lm.blocks[0].norm_mlp(x))
+        expected = lm.unembed(lm.norm(lm.blocks[1](x)))
+    torch.testing.assert_close(patched, expected, **TOL)
+    with pytest.raises(ValueError, match="cache"), lm.ablate({0: [0]}, source=source):
+        lm(tokens, caches=lm.new_caches(6))
+    with pytest.raises(ValueError, match="shape"), lm.ablate({0: [0]}, source=source):
+        lm(tokens[:1])
+
+
+def test_head_ablations_scores_every_head_and_layer():
+    torch.manual_seed(14)
+    lm = TinyLM(13, 16, 2, 2).eval()
+    tokens = torch.randint(0, 13, (4, 6))
+    lm.fit_head_means(tokens)
+
+    def score(model):
+        with torch.no_grad():
+            return round(model(tokens).sum().item(), 3)
+
+    result = head_ablations(lm, score)
+    assert result.kind == "mean" and len(result.heads) == 2 and len(result.heads[0]) == 2
+    with lm.ablate({1: [1]}):
+        assert result.heads[1][1] == score(lm)
+    with lm.ablate({0: [0, 1]}):
+        assert result.layers[0] == score(lm)
+    assert result.intact == score(lm) and len({*result.heads[0], *result.heads[1], result.intact}) == 5
+    assert head_ablations(lm, score, source=tokens.flip(0)).kind == "resample"
+
+
+def test_two_copies_ablation_uses_its_one_layer():
+    torch.manual_seed(15)
+    model = TwoCopies().eval()
+    digits = torch.randint(0, 10, (5, 8))
+    mirror, previous = TwoCopies.answers(digits)
+    assert mirror[0].tolist() == digits[0].flip(0).tolist() and previous[0, 0] == digits[0, -1]
+    model.fit_head_means(digits)
+    with torch.no_grad(), model.ablate({0: [1]}):
+        one = model(digits[:1])[0]
+        many = model(digits)[0][:1]
+    torch.testing.assert_close(one, many, **TOL)
+    assert model.attention.head_means.shape == (2, 16)
 
 
 def test_block_is_pre_norm_residual():
@@ -141,12 +260,21 @@ def test_generate_fills_one_cache_per_layer():
 @pytest.mark.parametrize(
     "call, error",
     [
-        (lambda lm: lm(torch.zeros(2, 3)), "integer tensor"),
         (lambda lm: lm(torch.zeros(3, dtype=torch.long)), "shape"),
+        (lambda lm: lm(torch.tensor([[0, 5]])), "token 5, outside the vocabulary"),
+        (lambda lm: generate(lm, torch.tensor([[1, 7]]), 2), "token 7, outside the vocabulary"),
+        (lambda lm: generate(lm, torch.tensor([[-1, 2]]), 2), "token -1"),
+        (lambda lm: setattr(lm.blocks[0].attention, "ablated", {7}), "ablated"),
+        (lambda lm: setattr(lm.blocks[0].attention, "ablated", {-1}), "ablated"),
+        (lambda lm: setattr(lm.blocks[0].attention, "ablated", "0"), "ablated"),
+        (lambda lm: lm.ablate({2: [0]}).__enter__(), "layer 2"),
+        (lambda lm: lm.ablate({0: [2]}).__enter__(), "heads"),
         (lambda lm: lm(torch.zeros(1, 3, dtype=torch.long), caches=[KVCache(4)]), "one each"),
         (lambda lm: generate(lm, torch.zeros(1, 0, dtype=torch.long), 2), "prompt"),
         (lambda lm: generate(lm, torch.zeros(1, 2, dtype=torch.long), -1), "n_new"),
         (lambda lm: generate(lm, torch.zeros(1, 2, dtype=torch.long), 2, temperature=-1), "temperature"),
+        (lambda lm: generate(lm, torch.zeros(1, 2, dtype=torch.long), 2, temperature=math.inf), "temperature"),
+        (lambda lm: generate(lm, torch.zeros(1, 2, dtype=torch.long), 2, temperature=math.nan), "temperature"),
         (lambda lm: lm.blocks[0].attention(torch.zeros(2, 3, 5)), "shape"),
         (lambda lm: CausalSelfAttention(6, 2), "even"),
     ],
@@ -155,6 +283,32 @@ def test_model_refuses_bad_input(call, error):
     lm = TinyLM(5, 8, 2, 2)
     with pytest.raises(ValueError, match=error):
         call(lm)
+
+
+@pytest.mark.parametrize(
+    "call, error",
+    [
+        (lambda lm: lm(torch.zeros(2, 3)), "integer token ids"),
+        (lambda lm: lm([[0, 1]]), "integer torch tensor"),
+        (lambda lm: generate(lm, torch.zeros(1, 2), 2), "integer token ids"),
+        (lambda lm: lm.ablate([0]).__enter__(), "dict"),
+        (lambda lm: generate(lm, torch.zeros(1, 2, dtype=torch.long), 2, temperature="hot"), "temperature"),
+    ],
+)
+def test_model_refuses_the_wrong_type(call, error):
+    lm = TinyLM(5, 8, 2, 2)
+    with pytest.raises(TypeError, match=error):
+        call(lm)
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-30, 5e-324])
+def test_a_tiny_temperature_samples_the_greedy_token(temperature):
+    torch.manual_seed(16)
+    lm = TinyLM(9, 16, 1, 2).eval()
+    prompt = torch.randint(0, 9, (3, 4))
+    greedy, _ = generate(lm, prompt, 5)
+    tiny, _ = generate(lm, prompt, 5, temperature=temperature, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(tiny, greedy)
 
 
 def test_model_trains_deterministically():
@@ -186,7 +340,25 @@ def test_head_by_head_path_equals_the_module_path(n_kv_heads):
             for size in chunks:
                 part = x[:, start : start + size]
                 fused = layer(part, cache=fused_cache)  # lib.nn's SDPA call with the rotate hook
-                plain, _ = layer._ablated(part, plain_cache, layer._rotate, True)  # nothing ablated
+                plain, _ = layer._ablated_forward(part, plain_cache, layer._rotate, True)  # nothing ablated
                 torch.testing.assert_close(plain, fused, **TOL)
                 start += size
             torch.testing.assert_close(plain_cache.keys, fused_cache.keys)
+
+
+def test_a_refused_ablation_leaves_the_model_as_it_was():
+    torch.manual_seed(17)
+    lm = TinyLM(11, 8, 2, 2).eval()
+    lm.fit_head_means(torch.randint(0, 11, (4, 5)))
+    lm.blocks[0].attention.ablated = {1}
+    tokens = torch.randint(0, 11, (2, 5))
+    with torch.no_grad():
+        before = lm(tokens)
+    for bad in ({0: [0], 3: [0]}, {1: [0, 2]}, {1: ["0"]}, {True: [0]}):
+        with pytest.raises(ValueError), lm.ablate(bad):
+            pass
+    with pytest.raises(ValueError):
+        lm.blocks[1].attention.ablated = {0, 5}
+    assert [layer.ablated for layer in lm.attention_layers()] == [{1}, set()]
+    with torch.no_grad():
+        torch.testing.assert_close(lm(tokens), before, rtol=0, atol=0)

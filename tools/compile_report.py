@@ -1,4 +1,4 @@
-"""What lib.flash's kernels compile to on an H100 (sm_90), read on a machine without a GPU (chapter 8).
+"""What lib.flash's kernels compile to on an H100 (sm_90), read on a machine without a GPU (chapter 9).
 
     python tools/compile_report.py                       # every tile choice, head sizes 64 and 128, a table
     python tools/compile_report.py --head 128 --loop     # also the skeleton of each kernel's inner loop
