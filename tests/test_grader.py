@@ -296,6 +296,16 @@ def test_the_instructors_page_lists_the_graded_exercises_as_the_chapters_have_th
     assert {"file": "instructors"} in reference["chapters"]
 
 
+def test_the_instructors_page_times_every_chapter_and_says_which_ask_for_a_gpu():
+    page = (ROOT / "instructors.md").read_text()
+    rows = re.findall(r"^\| \[\d+\. [^]]*\]\((chapters/\w+\.ipynb)\) \| (CPU|GPU optional) \| \d+ \| \d+ \|$", page,
+                      re.MULTILINE)
+    assert [path for path, _ in rows] == [p.relative_to(ROOT).as_posix() for p in CHAPTERS]
+    for path, runtime in rows:
+        asks = mc.read_notebook(ROOT / path).get("metadata", {}).get("accelerator") == "GPU"
+        assert (runtime == "GPU optional") == asks, f"{path}: the page says {runtime}"
+
+
 # ---------------------------------------------------------------------------------------------- run whole
 
 

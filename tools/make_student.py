@@ -173,9 +173,10 @@ def stub(doc: str, exercise: Exercise, code: str) -> str:
     """What replaces one solution cell: what to write, the names the grading cell uses, and nothing of the answer."""
     tree = parse(doc, code, f"exercise {exercise.number}'s solution")
     if exercise.graded:
+        functions = {s.name for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
         replace = " and ".join(w for w, used in (
-            ("the `...`", any(n not in defined_names(tree) for n in exercise.names)),
-            ("the NotImplementedError", any(n in defined_names(tree) for n in exercise.names)),
+            ("the `...`", any(n not in functions for n in exercise.names)),
+            ("the NotImplementedError", any(n in functions for n in exercise.names)),
         ) if used)
         lines = [f"# Exercise {exercise.number}: your answer goes here, in place of {replace}.",
                  "# The grading cell after your answer uses these names:"]
