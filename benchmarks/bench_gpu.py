@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from lib import attention as attn
+from lib.tiles import tiled_attention
 
 RUNGS = ("first", "+fold-scale", "+delta-kernel", "+atomic-dq", "+tma", "+lpt")  # lib.flash.LADDER, in order
 IMPLEMENTATIONS = ("sdpa", *RUNGS, "attention", "tiled")
@@ -62,7 +63,7 @@ def _flash(rung):
     def call(q, k, v, causal):
         from lib import flash
 
-        return attn.flash_attention(q, k, v, causal=causal, variant=flash.LADDER[rung])
+        return flash.flash_attention(q, k, v, causal=causal, variant=flash.LADDER[rung])
     return call
 
 
@@ -70,7 +71,7 @@ CALLS = {
     "sdpa": lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
     **{rung: _flash(rung) for rung in RUNGS},
     "attention": lambda q, k, v, causal: attn.attention(q, k, v, causal=causal),
-    "tiled": lambda q, k, v, causal: attn.tiled_attention(q, k, v, causal=causal),
+    "tiled": lambda q, k, v, causal: tiled_attention(q, k, v, causal=causal),
 }
 
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-from lib.decoding import kv_cache_bytes
+__all__ = [
+    "GPU", "GPUS", "MODELS", "ScoreLedger", "Transformer", "attainable_flops", "attended_pairs", "attention_bytes",
+    "attention_crossover", "attention_flops", "attention_share", "cache_outweighs_weights", "choose_num_splits",
+    "decode_attention_intensity", "decode_bytes", "decode_fits", "decode_memory_bytes", "decode_step",
+    "decode_tokens_per_s", "forward_flops", "fp32_per_score", "gpu", "intensity", "kv_cache_bytes",
+    "layer_step_flops", "ledger_ceilings", "max_decode_batch", "model", "roofline_seconds", "score_ledger",
+    "wave_efficiency",
+]
 
 
 @dataclass(frozen=True)
@@ -50,10 +57,20 @@ GPUS = {
 
 
 def gpu(name: str) -> GPU:
-    """The GPU called ``name`` (one of ``GPUS``), with a clear error for any other name."""
-    if name not in GPUS:
-        raise ValueError(f"no rates for GPU {name!r}; known: {', '.join(GPUS)}")
-    return GPUS[name]
+    """The GPU called ``name`` (one of ``GPUS``), with a clear error for any other name. A :class:`GPU` is
+    returned as it is, so every function here takes a GPU or its name."""
+    return _gpu(name, "name")
+
+
+def _gpu(value, argument):
+    if isinstance(value, GPU):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a lib.cost.GPU or one of the names {', '.join(GPUS)}; got "
+                        f"{type(value).__name__}")
+    if value not in GPUS:
+        raise ValueError(f"{argument}={value!r}: no rates for that GPU; known: {', '.join(GPUS)}")
+    return GPUS[value]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -67,8 +84,7 @@ def wave_efficiency(programs: int, sms: int) -> float:
     One program per SM at a time: ``programs / sms`` waves, the last one possibly partial, so the chip is busy for
     ``waves / ceil(waves)`` of the time. 8 programs on 132 SMs: 0.06; 132: 1.0; 133: about 0.5.
     """
-    if programs < 1 or sms < 1:
-        raise ValueError(f"programs and sms must be at least 1, got {programs} and {sms}")
+    programs, sms = _count("programs", programs), _count("sms", sms)
     return (programs / sms) / -(-programs // sms)  # waves / ⌈waves⌉
 
 
@@ -107,6 +123,8 @@ def decode_bytes(batch: int, kv_heads: int, keys: int, E: int, Ev: int, bytes_pe
     out: at decoding sizes they are a fraction of a percent. Divided by ``gpu(...).hbm_bytes_per_s`` it gives the
     least time the step can take, a prediction; divided by a measured time, the bandwidth achieved.
     """
+    batch, kv_heads, keys = _count("batch", batch), _count("kv_heads", kv_heads), _count("keys", keys, 0)
+    E, Ev, bytes_per_number = _count("E", E), _count("Ev", Ev), _count("bytes_per_number", bytes_per_number)
     return batch * kv_heads * keys * (E + Ev) * bytes_per_number
 
 
@@ -136,8 +154,9 @@ FP32_HALF_RATE_PER_SCORE = 52 / 32
 def fp32_per_score(d: int, block_n: int = 64, folded: bool = True) -> float:
     """Float32 instructions per score of the forward loop at head size ``d`` with key tiles of ``block_n`` (chapter 8):
     the softmax's own, plus the accumulator's rescale, ``d / block_n``."""
-    if d <= 0 or block_n <= 0:
-        raise ValueError(f"d and block_n must be positive; got d={d}, block_n={block_n}")
+    d, block_n = _count("d", d), _count("block_n", block_n)
+    if not isinstance(folded, bool):
+        raise TypeError(f"folded must be True or False, got {type(folded).__name__}")
     return (FP32_SOFTMAX_FOLDED if folded else FP32_SOFTMAX_UNFOLDED) + d / block_n
 
 
@@ -189,28 +208,37 @@ def score_ledger(gpu: GPU, d: int, n: int = 4096, products: int = 2, exponential
     ``fp32_ops`` defaults to the library's compiled forward loop, :func:`fp32_per_score` ``(d)``, of which
     ``FP32_HALF_RATE_PER_SCORE`` issue at half rate; ``half_rate=False`` counts every one at the FMA rate (the
     simplification, to price it)."""
-    if d <= 0 or n <= 0 or products <= 0:
-        raise ValueError(f"d, n and products must be positive; got d={d}, n={n}, products={products}")
-    if fp32_ops is None:
-        fp32_ops = fp32_per_score(d)
+    device = _gpu(gpu, "gpu")  # a GPU or its name
+    d, n, products, elt = _count("d", d), _count("n", n), _count("products", products), _count("elt", elt)
+    exponentials = _amount("exponentials", exponentials)
+    fp32_ops = fp32_per_score(d) if fp32_ops is None else _amount("fp32_ops", fp32_ops)
     slow = FP32_HALF_RATE_PER_SCORE if half_rate else 0.0
     if slow > fp32_ops:
         raise ValueError(f"fp32_ops={fp32_ops} is fewer than the {slow} half-rate instructions it must include")
-    return ScoreLedger(gpu, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n), slow)
+    return ScoreLedger(device, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n), slow)
 
 
 def ledger_ceilings(gpu: GPU, d: int, n: int = 4096) -> tuple[float, float]:
     """Two ceilings on the forward TFLOP/s of a kernel whose products and softmax take turns (chapter 8): all units in
     turn ("serial"), and the softmax's two units overlapping each other but not the products ("softmax"). Only a
-    kernel that runs its softmax under its products can pass the second. Pass a :class:`GPU` with a measured
-    ``tensor_flops`` (``dataclasses.replace``) for the ceilings at the rate matrix products really reach."""
-    ledger = score_ledger(gpu, d, n)
+    kernel that runs its softmax under its products can pass the second. Pass a :class:`GPU` (or its name) with a
+    measured ``tensor_flops`` (``dataclasses.replace``) for the ceilings at the rate matrix products really reach."""
+    ledger = score_ledger(gpu, d, n)  # which takes a GPU or its name
     return ledger.tflops("serial"), ledger.tflops("softmax")
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Chapters 7 and 10: counting attention, a transformer's forward pass, and the decode step on the roofline
 # --------------------------------------------------------------------------------------------------------------
+
+
+def _amount(name, x):
+    """A finite, non-negative real number (FLOPs, bytes, instructions), or a clear error naming it."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(x).__name__}")
+    if not 0 <= x < float("inf"):
+        raise ValueError(f"{name} must be finite and non-negative, got {x!r}")
+    return x
 
 
 def _count(name, n, low=1):
@@ -220,18 +248,27 @@ def _count(name, n, low=1):
 
 
 def attended_pairs(L, S=None, *, causal=False):
-    """How many (query, key) pairs are scored: L·S, or with ``causal`` those a bottom-right mask keeps (chapter 7).
+    """How many (query, key) pairs are scored: L·S, or those a causal mask keeps (chapter 7).
 
-    Query i is token S - L + i and sees keys j <= S - L + i, so the causal count is L·(S - L) + L(L + 1)/2: with
-    L = S, n(n + 1)/2, about half of n². A kernel that skips the masked tiles does about this much work.
+    ``causal`` as in :func:`lib.attention.attention`: False; True or ``"top-left"``, query i sees keys j <= i,
+    Σ_i min(i + 1, S) pairs; ``"bottom-right"``, query i is token S - L + i and sees keys j <= S - L + i,
+    L·(S - L) + L(L + 1)/2 pairs (needs L <= S). With L = S both are n(n + 1)/2, about half of n². A kernel that
+    skips the masked tiles does about this much work.
     """
     L = _count("L", L)
     S = L if S is None else _count("S", S)
-    if not causal:
+    if isinstance(causal, bool) and not causal:
         return L * S
-    if L > S:
-        raise ValueError(f"L={L} queries after S={S} keys: a bottom-right causal mask needs L <= S")
-    return L * (S - L) + L * (L + 1) // 2
+    if not isinstance(causal, (bool, str)):
+        raise TypeError(f"causal must be False, True, 'top-left' or 'bottom-right'; got {type(causal).__name__}")
+    if causal is True or causal == "top-left":
+        full = min(L, S)  # rows 0 .. S-1 see i + 1 keys; any later row sees all S
+        return full * (full + 1) // 2 + (L - full) * S
+    if causal == "bottom-right":
+        if L > S:
+            raise ValueError(f"causal='bottom-right' with L={L} queries after S={S} keys: it needs L <= S")
+        return L * (S - L) + L * (L + 1) // 2
+    raise ValueError(f"causal must be False, True, 'top-left' or 'bottom-right'; got {causal!r}")
 
 
 def attention_flops(L, S=None, E=64, Ev=None, *, heads=1, batch=1, causal=False):
@@ -268,6 +305,7 @@ def attention_bytes(L, S=None, E=64, Ev=None, *, heads=1, kv_heads=None, batch=1
 
 def intensity(flops, nbytes):
     """Arithmetic intensity: FLOPs per byte of memory traffic (chapter 7)."""
+    flops, nbytes = _amount("flops", flops), _amount("nbytes", nbytes)
     if not nbytes > 0:
         raise ValueError(f"nbytes must be positive, got {nbytes!r}")
     return flops / nbytes
@@ -279,13 +317,15 @@ def roofline_seconds(flops, nbytes, device):
     The roofline bound max(flops / peak, bytes / bandwidth): a prediction from datasheet rates, never a measurement.
     It counts the tensor cores' rate, so it is the bound for half-precision matrix products.
     """
-    device = gpu(device) if isinstance(device, str) else device
+    device = _gpu(device, "device")
+    flops, nbytes = _amount("flops", flops), _amount("nbytes", nbytes)
     return max(flops / device.tensor_flops, nbytes / device.hbm_bytes_per_s)
 
 
 def attainable_flops(arithmetic_intensity, device):
     """FLOP/s the roofline allows at an intensity: min(peak, intensity · bandwidth) (chapter 7)."""
-    device = gpu(device) if isinstance(device, str) else device
+    device = _gpu(device, "device")
+    arithmetic_intensity = _amount("arithmetic_intensity", arithmetic_intensity)
     return min(device.tensor_flops, arithmetic_intensity * device.hbm_bytes_per_s)
 
 
@@ -344,9 +384,19 @@ MODELS = {
 
 
 def model(name: str) -> Transformer:
-    """The transformer called ``name`` (one of ``MODELS``), with a clear error for any other name."""
+    """The transformer called ``name`` (one of ``MODELS``), with a clear error for any other name. A
+    :class:`Transformer` is returned as it is, so every function here takes a shape or its name."""
+    return _model(name, "name")
+
+
+def _model(name, argument):
+    if isinstance(name, Transformer):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"{argument} must be a lib.cost.Transformer or one of the names {', '.join(MODELS)}; got "
+                        f"{type(name).__name__}")
     if name not in MODELS:
-        raise ValueError(f"no shape for model {name!r}; known: {', '.join(MODELS)}")
+        raise ValueError(f"{argument}={name!r}: no shape for that model; known: {', '.join(MODELS)}")
     return MODELS[name]
 
 
@@ -357,7 +407,7 @@ def forward_flops(shape, n_tokens, *, causal=True):
     Q Kᵀ and weights·V over the pairs a causal mask keeps, 4 · d_model per pair per layer. Left out: the
     embedding lookup, the output read-out (2 · vocab · d_model per token), softmax, norms and activations.
     """
-    n = _count("n_tokens", n_tokens)
+    shape, n = _model(shape, "shape"), _count("n_tokens", n_tokens)
     dense = 2 * shape.layer_params * n * shape.n_layers
     attention = 4 * shape.d_model * attended_pairs(n, causal=causal) * shape.n_layers
     return {"dense": dense, "attention": attention}
@@ -365,6 +415,7 @@ def forward_flops(shape, n_tokens, *, causal=True):
 
 def attention_share(shape, n_tokens):
     """The share of a causal forward pass's layer FLOPs spent in attention's two products (chapter 7)."""
+    shape = _model(shape, "shape")
     flops = forward_flops(shape, n_tokens)
     return flops["attention"] / (flops["attention"] + flops["dense"])
 
@@ -375,7 +426,14 @@ def attention_crossover(shape):
     Per layer, attention does 2·d_model·(n + 1) FLOPs per token on average and the dense products 2·layer_params,
     so they meet at n = layer_params / d_model - 1. Returned as a float.
     """
+    shape = _model(shape, "shape")
     return shape.layer_params / shape.d_model - 1
+
+
+def _read_weights(shape):
+    """Weights one decode step reads: every layer matrix and the output read-out (the input embedding reads only
+    the new tokens' rows, and the norms are a few vectors: both left out)."""
+    return shape.n_layers * shape.layer_params + shape.vocab * shape.d_model
 
 
 def decode_step(shape, context, *, batch=1, bytes_per_number=2):
@@ -384,11 +442,12 @@ def decode_step(shape, context, *, batch=1, bytes_per_number=2):
     Bytes: every layer matrix and the output read-out read once for the whole batch (the input embedding reads
     only ``batch`` rows, left out), plus each sequence's KV cache of ``context`` tokens. FLOPs: 2 per weight per
     token, plus attention's 4 · H · d_head per cached token per layer. Returns a dict with "flops",
-    "weight_bytes", "cache_bytes" and "bytes".
+    "weight_bytes", "cache_bytes" and "bytes". ``shape`` is a :class:`Transformer` or a name in ``MODELS``.
     """
+    shape = _model(shape, "shape")
     context, batch = _count("context", context, 0), _count("batch", batch)
     bytes_per_number = _count("bytes_per_number", bytes_per_number)
-    read_weights = shape.n_layers * shape.layer_params + shape.vocab * shape.d_model
+    read_weights = _read_weights(shape)
     weight_bytes = read_weights * bytes_per_number
     cache_bytes = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, context, bytes_per_number, batch)
     flops = batch * (2 * read_weights + 4 * shape.n_layers * shape.n_heads * shape.d_head * context)
@@ -406,21 +465,84 @@ def decode_attention_intensity(n_heads, n_kv_heads, bytes_per_number=2):
     return 2 * n_heads / (n_kv_heads * _count("bytes_per_number", bytes_per_number))
 
 
+def decode_memory_bytes(shape, context, *, batch=1, bytes_per_number=2):
+    """Bytes a decoding set-up keeps in GPU memory at least: every parameter, and ``batch`` KV caches of
+    ``context`` tokens (chapter 10). Activations, workspace and the framework's own reserve come on top."""
+    shape = _model(shape, "shape")
+    context, batch = _count("context", context, 0), _count("batch", batch)
+    bytes_per_number = _count("bytes_per_number", bytes_per_number)
+    cache = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, context, bytes_per_number, batch)
+    return shape.params * bytes_per_number + cache
+
+
+def decode_fits(shape, device, context, *, batch=1, bytes_per_number=2):
+    """Whether :func:`decode_memory_bytes` fits in the GPU's memory, ``gpu(device).hbm_bytes`` (chapter 10)."""
+    need = decode_memory_bytes(shape, context, batch=batch, bytes_per_number=bytes_per_number)
+    return need <= _gpu(device, "device").hbm_bytes
+
+
+def max_decode_batch(shape, device, context, *, bytes_per_number=2):
+    """The largest batch whose weights and KV caches of ``context`` tokens fit in the GPU's memory; 0 when not
+    even the weights and one cache do (chapter 10)."""
+    shape, device = _model(shape, "shape"), _gpu(device, "device")
+    context = _count("context", context, 0)
+    bytes_per_number = _count("bytes_per_number", bytes_per_number)
+    room = device.hbm_bytes - shape.params * bytes_per_number
+    per_sequence = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, context, bytes_per_number)
+    if room < 0:
+        return 0
+    if per_sequence == 0:
+        raise ValueError("context=0 caches nothing: any batch fits the cache; the bound is elsewhere")
+    return int(room // per_sequence)
+
+
 def decode_tokens_per_s(shape, device, context, *, batch=1, bytes_per_number=2):
     """The roofline's upper bound on tokens generated per second, all ``batch`` sequences together (chapter 10).
 
     A prediction from datasheet rates: a real server also pays for kernel launches, the softmax, sampling and
-    whatever the kernels leave unused of the bandwidth.
+    whatever the kernels leave unused of the bandwidth. A set-up that cannot run is refused with a ValueError
+    rather than given a rate: one whose weights and KV caches (:func:`decode_memory_bytes`) exceed the GPU's
+    memory (see :func:`max_decode_batch`), or whose context exceeds the model's trained context.
     """
+    shape, device = _model(shape, "shape"), _gpu(device, "device")
+    context, batch = _count("context", context, 0), _count("batch", batch)
+    if context > shape.context:
+        raise ValueError(f"context={context} cached tokens exceed {shape.name}'s trained context of {shape.context} "
+                         "tokens: its positions past that were never trained")
+    need = decode_memory_bytes(shape, context, batch=batch, bytes_per_number=bytes_per_number)
+    if need > device.hbm_bytes:
+        most = max_decode_batch(shape, device, context, bytes_per_number=bytes_per_number)
+        raise ValueError(f"{shape.name} at batch={batch} with {context} cached tokens each needs {need / 1e9:.1f} GB "
+                         f"of weights and KV cache, more than the {device.name}'s {device.hbm_bytes / 1e9:.0f} GB: "
+                         f"at most batch={most} fits (lib.cost.max_decode_batch)")
     step = decode_step(shape, context, batch=batch, bytes_per_number=bytes_per_number)
     return batch / roofline_seconds(step["flops"], step["bytes"], device)
 
 
 def cache_outweighs_weights(shape, *, batch=1, bytes_per_number=2):
-    """The cached length (tokens per sequence) at which a batch's KV cache holds as many bytes as all the weights."""
-    per_token = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, 1, bytes_per_number,
-                               _count("batch", batch))
-    return shape.params * bytes_per_number / per_token
+    """The cached length (tokens per sequence) at which a batch's KV cache holds as many bytes as the weights a
+    decode step reads (the layers and the output read-out, as :func:`decode_step` counts them): past it, the
+    cache dominates every step's traffic."""
+    shape = _model(shape, "shape")
+    per_token = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, 1, _count("bytes_per_number",
+                               bytes_per_number), _count("batch", batch))
+    return _read_weights(shape) * bytes_per_number / per_token
+
+
+def kv_cache_bytes(n_layers, n_kv_heads, d_head, n_tokens, bytes_per_number, batch=1):
+    """Bytes of a model's KV cache: 2 (keys and values) · layers · kv heads · d_head · tokens · bytes · batch.
+
+    ``bytes_per_number`` is 2 for float16/bfloat16, 4 for float32. Grouped-query attention shrinks the cache by
+    n_heads / n_kv_heads, since only the key/value heads are cached.
+    """
+    sizes = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "d_head": d_head, "bytes_per_number": bytes_per_number,
+             "batch": batch}
+    for name, n in {**sizes, "n_tokens": n_tokens}.items():
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"{name} must be an integer, got {type(n).__name__}")
+        if n < (0 if name == "n_tokens" else 1):
+            raise ValueError(f"{name} must be at least {0 if name == 'n_tokens' else 1}, got {n}")
+    return 2 * n_layers * n_kv_heads * d_head * n_tokens * bytes_per_number * batch
 
 
 # --------------------------------------------------------------------------------------------------------------

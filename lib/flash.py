@@ -22,8 +22,16 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ModuleNotFoundError as err:
+    if err.name != "triton":
+        raise
+    raise ModuleNotFoundError(
+        "lib.flash and lib.flash_decode need Triton: `pip install triton` (CUDA builds of PyTorch, and Colab, "
+        "ship it)", name="triton") from None
 
 from lib.backend import _check_causal, _check_scale
 
@@ -39,6 +47,7 @@ if INTERPRETED and type(tl.max).__name__ != "InterpretedFunction":
     )
 
 LOG2_E = 1.0 / math.log(2.0)  # exp(x) = exp2(x · log2 e): the kernels work in base 2, which the hardware does natively
+LN_2 = math.log(2.0)  # the kernels' base-2 logsumexp times ln 2 is the natural one
 MAX_HEAD = 256  # largest E or Ev: a (block, head) tile of q, k and v must fit in on-chip memory beside the scores
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -687,8 +696,11 @@ def _delta(o, do, variant):
     return delta
 
 
-def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_tiles=None):
-    """The three gradients. ``tiles`` forces the dK/dV kernel's configuration, ``q_tiles`` the dQ kernel's."""
+def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_tiles=None, dlse=None):
+    """The three gradients. ``tiles`` forces the dK/dV kernel's configuration, ``q_tiles`` the dQ kernel's.
+
+    ``dlse`` (Z, L), the gradient of the natural-log logsumexp, if it was used: since d lse / d score_j = P_j,
+    it enters as dS = P ∘ (dP - (D - dlse)), that is D - dlse in place of D."""
     variant = variant or DEFAULT
     Z, L, E = q.shape
     S, EV = v.shape[1], v.shape[2]
@@ -699,6 +711,8 @@ def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_ti
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     with _device_guard(q.device):
         delta = _delta(o, do, variant)
+        if dlse is not None:
+            delta = (delta - dlse.float()).contiguous()
         if variant.atomic_dq:
             dq_acc = torch.zeros((Z, L, E), device=q.device, dtype=torch.float32)  # (Z, L, E), summed by atomics
         else:
@@ -727,12 +741,14 @@ class _FlashAttention(torch.autograd.Function):
         o, lse = _forward(q, k, v, causal, scale, variant=variant, window=window)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.variant = causal, scale, variant
-        return o
+        ctx.set_materialize_grads(False)  # an unused lse brings None, not a tensor of zeros to subtract
+        return o, lse * LN_2  # the natural-log logsumexp, (Z, L) float32
 
     @staticmethod
-    def backward(ctx, do):
+    def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, variant=ctx.variant)
+        do = torch.zeros_like(o) if do is None else do
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, variant=ctx.variant, dlse=dlse)
         return dq, dk, dv, None, None, None, None
 
 
@@ -751,7 +767,7 @@ def _check(q, k, v, mask):
     if mask is not None:
         raise ValueError(
             "flash_attention takes no mask: its kernel knows only causal=True. For a boolean or additive mask use "
-            "attn.attention(q, k, v, mask) or attn.tiled_attention"
+            "attn.attention(q, k, v, mask) or lib.tiles.tiled_attention"
         )
     devices = {n: x.device for n, x in named.items()}
     if len(set(devices.values())) > 1:
@@ -812,7 +828,7 @@ def _check_variant(variant, deterministic):
 
 
 def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, deterministic=False, variant=None,
-                    window=None):
+                    return_lse=False, window=None):
     """FlashAttention-2 in Triton: softmax(q kᵀ · scale) v without the (..., L, S) matrix (chapter 9).
 
     q (..., L, E), k (..., S, E), v (..., S, Ev) torch tensors on a CUDA GPU, in float16, bfloat16 or float32,
@@ -821,7 +837,14 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
     ``"top-left"``) lets query i attend keys j <= i (as :func:`lib.attention.attention`; ``"bottom-right"`` is the same
     when L == S and refused otherwise), and key tiles wholly in a query
     tile's future are skipped, not computed. ``scale`` defaults to 1/sqrt(E). There is no ``mask``: for other
-    masks use :func:`lib.attention.attention`. A query with no key (S = 0) gets zeros.
+    masks use :func:`lib.attention.attention`. A query with no key (S = 0) gets zeros. Any finite scale: a
+    negative one is run as the positive scale on -q, and 0 (every allowed key weighs the same) as scale 1 on 0·q,
+    so the kernel's running maximum is always a maximum and no masked score becomes -inf · 0.
+
+    ``return_lse=True`` returns ``(out, lse)``: lse (..., L) float32 is each row's natural-log logsumexp of its
+    allowed scaled scores, log Σ_j exp(scale · q·k_j) (-inf for a row with no key), so that (out, lse) is the
+    attention state of :mod:`lib.merge` and merges with :func:`lib.merge.merge_states`. It is differentiable
+    too: a gradient flowing into lse reaches q and k.
 
     The backward pass sums dQ with float32 atomic adds, in no fixed order, so dQ's last bits can differ from run
     to run on a GPU; ``deterministic=True`` runs the two-kernel backward instead (7 matrix products instead of 5,
@@ -844,7 +867,7 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
         raise ValueError(
             f"flash_attention's kernel aligns the causal pattern top-left (query i sees keys j <= i); "
             f"causal={causal!r} with L={L} queries and S={S} keys needs the offset {offset}: use "
-            "lib.attention.flash_decode (the last L of S tokens) or lib.attention.attention"
+            "lib.flash_decode.flash_decode (the last L of S tokens) or lib.attention.attention"
         )
     causal = offset == 0
     if window is not None:
@@ -856,15 +879,26 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
             raise ValueError("window needs causal=True: the window is the last `window` keys up to each query")
         if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
             raise NotImplementedError("flash_attention's window has a forward pass only: call it under "
-                                      "torch.no_grad(), or use lib.attention.tiled_attention(..., window=)")
+                                      "torch.no_grad(), or use lib.tiles.tiled_attention(..., window=)")
     scale = _check_scale(scale, E)
     variant = _check_variant(variant, deterministic)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be True or False; got {return_lse!r}")
     Z = math.prod(batch)
     if Z == 0 or L == 0 or S == 0:  # nothing to attend, or nobody asking: zeros, still tied to the inputs
         zero = q.sum() * 0 + k.sum() * 0 + v.sum() * 0
-        return zero + torch.zeros(batch + (L, Ev), dtype=q.dtype, device=q.device)
+        out = zero + torch.zeros(batch + (L, Ev), dtype=q.dtype, device=q.device)
+        if not return_lse:
+            return out
+        return out, zero.float() + torch.full(batch + (L,), -math.inf, device=q.device)
     q3 = q.expand(batch + (L, E)).reshape(Z, L, E)  # (Z, L, E), a view whenever the batch dims allow
     k3 = k.expand(batch + (S, E)).reshape(Z, S, E)  # (Z, S, E)
     v3 = v.expand(batch + (S, Ev)).reshape(Z, S, Ev)  # (Z, S, Ev)
-    out = _FlashAttention.apply(q3, k3, v3, bool(causal), scale, variant, window)  # (Z, L, Ev)
+    if scale < 0:  # scale · q·k = |scale| · (-q)·k: the kernel's maximum stays a maximum
+        q3, scale = -q3, -scale
+    elif scale == 0:  # every score 0: scale 1 on 0·q keeps the masked -inf scores -inf (no -inf · 0)
+        q3, scale = q3 * 0, 1.0
+    out, lse = _FlashAttention.apply(q3, k3, v3, bool(causal), scale, variant, window)  # (Z, L, Ev), (Z, L)
+    if return_lse:
+        return out.reshape(batch + (L, Ev)), lse.reshape(batch + (L,))
     return out.reshape(batch + (L, Ev))

@@ -9,8 +9,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lib import attention as attn
 from lib import cost
-from lib.decoding import KVCache, kv_cache_bytes
-from lib.modules import TorchMultiHeadAttention
+from lib.cost import kv_cache_bytes
+from lib.decoding import KVCache
+from lib.nn import TorchMultiHeadAttention
 
 
 def test_attention_flops_by_hand_and_by_flop_counter():
@@ -24,11 +25,20 @@ def test_attention_flops_by_hand_and_by_flop_counter():
 
 def test_causal_pairs():
     assert cost.attended_pairs(4, causal=True) == 10  # 1 + 2 + 3 + 4
-    assert cost.attended_pairs(2, 5, causal=True) == 4 + 5  # bottom-right: the last two rows of a 5 x 5 triangle
-    assert cost.attended_pairs(1, 7, causal=True) == 7
-    assert cost.attended_pairs(3, 5, causal=True) == int(attn.causal_mask(3, 5, align="bottom-right").sum())
+    # bottom-right: the last two rows of a 5 x 5 triangle
+    assert cost.attended_pairs(2, 5, causal="bottom-right") == 4 + 5
+    assert cost.attended_pairs(1, 7, causal="bottom-right") == 7
+    for L, S in ((3, 5), (4, 8), (5, 3), (1, 7), (6, 6)):
+        top_left = int(attn.causal_mask(L, S).sum())
+        assert cost.attended_pairs(L, S, causal=True) == cost.attended_pairs(L, S, causal="top-left") == top_left
+        if L <= S:
+            bottom = int(attn.causal_mask(L, S, align="bottom-right").sum())
+            assert cost.attended_pairs(L, S, causal="bottom-right") == bottom
+    assert cost.attended_pairs(4, 8, causal="top-left") == 10  # 1 + 2 + 3 + 4, not the bottom-right 26
+    with pytest.raises(ValueError, match="causal"):
+        cost.attended_pairs(4, 8, causal="bogus")
     with pytest.raises(ValueError, match="L <= S"):
-        cost.attended_pairs(5, 3, causal=True)
+        cost.attended_pairs(5, 3, causal="bottom-right")
 
 
 def test_attention_bytes_and_intensity():
@@ -103,9 +113,25 @@ def test_decode_step_llama_2_7b_on_an_h100():
     assert cost.intensity(step["flops"], step["bytes"]) == 1.0  # MHA in 16 bits: exactly 1 FLOP per byte
     rate = cost.decode_tokens_per_s(llama2, "H100", 4096)
     assert rate == pytest.approx(3.35e12 / step["bytes"]) and 215 < rate < 220
-    # batching shares the weights, not the caches: 64 sequences are each token still reads its own cache
-    per_token_64 = cost.decode_tokens_per_s(llama2, "H100", 4096, batch=64) / 64
-    assert per_token_64 < rate / 8
+    # batching shares the weights, not the caches: each token still reads its own cache
+    per_token_16 = cost.decode_tokens_per_s(llama2, "H100", 4096, batch=16) / 16
+    assert per_token_16 < rate / 3  # 16 caches of 2.1 GB outweigh the 13.2 GB of weights
+    assert cost.decode_tokens_per_s("Llama-2-7B", "H100", 4096) == rate  # names as well as objects
+
+
+def test_decode_bound_checks_memory_and_context():
+    llama2 = cost.model("Llama-2-7B")
+    # 256 caches of 4,096 tokens are 563 GB: no rate for a set-up that does not fit in 80 GB
+    assert cost.decode_memory_bytes(llama2, 4096, batch=256) / 1e9 == pytest.approx(563.2, abs=0.1)
+    with pytest.raises(ValueError, match="at most batch=30 fits"):
+        cost.decode_tokens_per_s(llama2, "H100", 4096, batch=256)
+    assert cost.max_decode_batch(llama2, "H100", 4096) == 30
+    assert cost.decode_fits(llama2, "H100", 4096, batch=30) and not cost.decode_fits(llama2, "H100", 4096, batch=31)
+    assert cost.decode_tokens_per_s(llama2, "H100", 4096, batch=30) > 0
+    assert cost.max_decode_batch(llama2, "H200", 4096) == 59
+    with pytest.raises(ValueError, match="trained context"):
+        cost.decode_tokens_per_s(llama2, "H200", 10**6)
+    assert cost.max_decode_batch(llama2, "T4", 4096) == 1  # 13.5 GB of weights leave room for one 2 GB cache
 
 
 def test_decode_attention_intensity_is_the_group_size():
@@ -117,8 +143,11 @@ def test_decode_attention_intensity_is_the_group_size():
 def test_cache_outweighs_weights():
     llama2, llama3 = cost.model("Llama-2-7B"), cost.model("Llama-3-8B")
     t2 = cost.cache_outweighs_weights(llama2)
-    assert t2 == 6_738_415_616 * 2 / 524_288 and math.floor(t2) == 25_705
-    assert cost.cache_outweighs_weights(llama3) == pytest.approx(122_532.06, abs=0.01)
+    # the weights a decode step reads, as decode_step counts them: not the input embedding, nor the norms
+    read = cost.decode_step(llama2, 0)["weight_bytes"]
+    assert t2 == read / 524_288 == 13_214_154_752 / 524_288 and math.floor(t2) == 25_204
+    assert cost.cache_outweighs_weights(llama2) < llama2.params * 2 / 524_288
+    assert cost.cache_outweighs_weights(llama3) == cost.decode_step(llama3, 0)["weight_bytes"] / 131_072
     assert cost.cache_outweighs_weights(llama2, batch=8) == t2 / 8
 
 
