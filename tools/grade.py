@@ -40,7 +40,7 @@ import make_student as ms
 class Result:
     student: str
     chapter: str  # the chapter's document name, chapters/11_one_merge
-    label: str  # the chapter's number in the book, "11"
+    label: str  # the chapter's number, from its file name: "11"
     scores: dict[int, int]  # exercise number -> 1 or 0
     reasons: dict[int, str]  # exercise number -> why it scored 0
     seconds: float  # wall-clock seconds the notebook ran
