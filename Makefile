@@ -65,6 +65,17 @@ notebooks: $(STAMP)
 colab: $(STAMP)
 	$(BIN)/python tools/make_colab.py
 
+# For instructors: the student editions in student/chapters (and the instructors' table of graded exercises), and the
+# grader, which runs each handed-in notebook under SUBMISSIONS in a fresh kernel and prints a score table.
+.PHONY: student grade
+student: $(STAMP)
+	$(BIN)/python tools/make_student.py
+
+SUBMISSIONS ?=
+grade: $(STAMP)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder-of-handed-in-notebooks"; exit 2; }
+	$(BIN)/python tools/grade.py "$(SUBMISSIONS)"
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_attention.py
 
