@@ -16,6 +16,8 @@ help:
 	@echo "make test       lint, library tests, strict nbval over every chapter and the guide, the book build, the browser check"
 	@echo "make notebooks  re-run every chapter and the guide, storing their outputs (after changing one or the library)"
 	@echo "make colab      rewrite the Colab editions in colab/chapters and colab/guide (after make notebooks)"
+	@echo "make student    rewrite the student editions in student/chapters and the graded-exercise table (after make colab)"
+	@echo "make grade SUBMISSIONS=dir   run and score a folder of handed-in student notebooks"
 	@echo "make measure    what a reader meets on each page of the built book (after make book)"
 	@echo "make bench      speed and memory of the library against PyTorch's fused kernel"
 	@echo "make bench-gpu  the GPU paths (flash_attention, attention, tiled_attention) against SDPA, on a CUDA GPU"
