@@ -1220,10 +1220,12 @@ def window_tiles(masks, titles, block):
     return fig
 
 
-def sink_and_eviction(weights, accuracy, *, first_label="BOS"):
+def sink_and_eviction(weights, accuracy, *, first_label="BOS", share=None, head=None):
     """Chapter 12: one head's attention (L, L) with its first column marked, beside the accuracy of each cache.
 
-    ``accuracy`` maps a cache's name to the held-out accuracy with it. Returns the figure.
+    ``accuracy`` maps a cache's name to the held-out accuracy with it. ``share``, if given, is the head's average
+    weight on key 0 as the text measures it (the title then quotes it instead of this map's own mean over rows),
+    and ``head`` a (layer, head) pair, counted from 1, for the title. Returns the figure.
     """
     import matplotlib.pyplot as plt
 
@@ -1234,8 +1236,13 @@ def sink_and_eviction(weights, accuracy, *, first_label="BOS"):
     fig, (ax_map, ax_bar) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=[1, 1.25], layout="constrained")
     image = ax_map.imshow(weights, cmap="viridis", vmin=0, vmax=1)
     ax_map.add_patch(plt.Rectangle((-0.5, -0.5), 1, weights.shape[0], fill=False, edgecolor=ORANGE, lw=2.5))
-    ax_map.set(xlabel=f"key position j (0 = {first_label})", ylabel="query position i",
-               title=f"{weights[1:, 0].mean():.2f} of the weight, on average, on key 0")
+    if share is None:
+        title = f"{weights[1:, 0].mean():.2f} of the weight, on average, on key 0"
+    else:
+        title = f"{float(share):.2f} of the weight on key 0, held-out average"
+    if head is not None:
+        title = f"Layer {head[0]}, head {head[1]}: {title}"
+    ax_map.set(xlabel=f"key position j (0 = {first_label})", ylabel="query position i", title=title)
     ax_map.grid(False)
     fig.colorbar(image, ax=ax_map, shrink=0.8, label="attention weight")
     names, values = list(accuracy), [accuracy[n] for n in accuracy]

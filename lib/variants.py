@@ -205,8 +205,9 @@ def sliding_window_mask(L, S=None, window=None, *, device=None):
     """Boolean (L, S), True where query i may attend key j: the last ``window`` keys up to its own position.
 
     The L queries are the last L of the S tokens (bottom-right, as decoding with a cache needs), so query i sits
-    at position p = i + S - L and sees keys p - window < j <= p: ``window`` keys, itself included (Mistral's
-    convention; some code counts window + 1). ``window >= S`` is the plain causal mask.
+    at position p = i + S - L and sees keys p - window < j <= p: ``window`` keys, itself included. Conventions
+    differ by one: Mistral's paper writes its window W as the positions from p - W to p, which read literally is
+    W + 1 keys. ``window >= S`` is the plain causal mask.
     """
     S = L if S is None else S
     L, S = _positive_int("L", L), _positive_int("S", S)
