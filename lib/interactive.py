@@ -573,8 +573,9 @@ def head_ablation(model, tokens, *, example=0, scored=None, length=16):
     """Chapter 10: a checkbox per head of a :class:`lib.model.TinyLM`; maps and accuracy without them.
 
     For every subset of the model's heads (at most 6 heads in all, so at most 64 subsets) the heads are mean-ablated
-    through each attention module's ``ablated`` set, and the figure stores each head's attention map over the first
-    ``length`` tokens of sequence ``example`` and the next-token accuracy over ``tokens`` (a (B, L) integer tensor;
+    through each attention module's ``ablated`` set (the model's ``fit_head_means`` must have stored the means
+    first: a ValueError otherwise), and the figure stores each head's attention map over the first ``length``
+    tokens of sequence ``example`` and the next-token accuracy over ``tokens`` (a (B, L) integer tensor;
     ``scored``: an optional (B, L - 1) boolean tensor of the predictions that count). Ablating a layer-1 head
     changes what the layer-2 heads can attend to, so their maps move too.
     """
@@ -586,6 +587,9 @@ def head_ablation(model, tokens, *, example=0, scored=None, length=16):
         raise TypeError("model must be a lib.model.TinyLM (blocks whose attention has an `ablated` set)")
     if not isinstance(tokens, torch.Tensor) or tokens.ndim != 2 or tokens.is_floating_point():
         raise TypeError("tokens must be an integer tensor of shape (B, L)")
+    if any(b.attention.head_means is None for b in blocks):
+        raise ValueError("model: mean ablation needs each head's mean output over reference inputs; call "
+                         "model.fit_head_means(reference tokens) first")
     B, L = tokens.shape
     example = _int(example, "example", 0, B - 1)
     length = _int(length, "length", 2, L)

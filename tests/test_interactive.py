@@ -194,6 +194,9 @@ def test_head_ablation_every_subset_restores_the_model():
     torch.manual_seed(0)
     model = TinyLM(10, 16, 2, 2)
     tokens = torch.randint(0, 10, (4, 8))
+    with pytest.raises(ValueError, match="fit_head_means"):  # mean ablation needs the means
+        I.head_ablation(model, tokens)
+    model.fit_head_means(torch.randint(0, 10, (16, 8)))
     model.blocks[1].attention.ablated = {1}  # the caller's setting survives the figure
     fig = I.head_ablation(model, tokens, length=6)
     assert model.blocks[1].attention.ablated == {1}
@@ -287,7 +290,8 @@ DEMO = [
     ("markdown", "# Interactive figures\n\n{numref}`fig-demo-temperature` and {numref}`fig-demo-mask` move.", {}),
     ("code", (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport numpy as np\nimport torch\n"
               "from lib import interactive\nfrom lib.model import TinyLM\n"
-              "torch.manual_seed(0)\nlm, tokens = TinyLM(12, 16, 2, 2, d_ff=0), torch.randint(0, 12, (8, 10))"), {}),
+              "torch.manual_seed(0)\nlm, tokens = TinyLM(12, 16, 2, 2, d_ff=0), torch.randint(0, 12, (8, 10))\n"
+              "lm.fit_head_means(tokens)"), {}),
     ("code", "interactive.temperature_jacobian([1.6, 1.3, 0.9, 0.0])",
      {"mystnb": {"figure": {"name": "fig-demo-temperature",
                             "caption": "The slider multiplies the scores by c: the weights and the Jacobian."},
