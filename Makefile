@@ -9,13 +9,16 @@ BUILD_FLAGS := --warningiserror --keep-going
 # the API page imports lib.attention from the checkout
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: bench-gpu book test test-lib test-notebooks test-book test-browser lint notebooks colab bench lock clean help
+.PHONY: measure bench-gpu book test test-lib test-notebooks test-book test-browser lint notebooks colab bench lock clean help
 
 help:
 	@echo "make book       build the HTML book into _build/html"
 	@echo "make test       lint, library tests, strict nbval over every chapter and the guide, the book build, the browser check"
 	@echo "make notebooks  re-run every chapter and the guide, storing their outputs (after changing one or the library)"
 	@echo "make colab      rewrite the Colab editions in colab/chapters and colab/guide (after make notebooks)"
+	@echo "make student    rewrite the student editions in student/chapters and the graded-exercise table (after make colab)"
+	@echo "make grade SUBMISSIONS=dir   run and score a folder of handed-in student notebooks"
+	@echo "make measure    what a reader meets on each page of the built book (after make book)"
 	@echo "make bench      speed and memory of the library against PyTorch's fused kernel"
 	@echo "make bench-gpu  the GPU paths (flash_attention, attention, tiled_attention) against SDPA, on a CUDA GPU"
 
@@ -55,11 +58,25 @@ else
 	$(BIN)/python -m pytest -p no:cacheprovider -n 2 tests/test_book_browser.py
 endif
 
+measure: $(STAMP)
+	$(BIN)/python tools/measure_book.py
+
 notebooks: $(STAMP)
 	$(BIN)/python tools/refresh_notebooks.py
 
 colab: $(STAMP)
 	$(BIN)/python tools/make_colab.py
+
+# For instructors: the student editions in student/chapters (and the instructors' table of graded exercises), and the
+# grader, which runs each handed-in notebook under SUBMISSIONS in a fresh kernel and prints a score table.
+.PHONY: student grade
+student: $(STAMP)
+	$(BIN)/python tools/make_student.py
+
+SUBMISSIONS ?=
+grade: $(STAMP)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder-of-handed-in-notebooks"; exit 2; }
+	$(BIN)/python tools/grade.py "$(SUBMISSIONS)"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_attention.py

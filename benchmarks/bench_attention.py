@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from lib import attention as attn
+from lib.tiles import tiled_attention
 
 MiB = 1 << 20
 
@@ -88,10 +89,10 @@ def implementations(n, d, device, dtype, seed=0, torch_paths=True):
     impls = {"torch sdpa (fused)": lambda: F.scaled_dot_product_attention(tq, tk, tv)}
     if device == "cpu" and dtype == "float32":
         impls["lib.attention (numpy)"] = lambda: attn.attention(q, k, v)
-        impls["lib.tiled_attention (numpy)"] = lambda: attn.tiled_attention(q, k, v)
+        impls["lib.tiled_attention (numpy)"] = lambda: tiled_attention(q, k, v)
     if torch_paths or device != "cpu":
         impls["lib.attention (torch)"] = lambda: attn.attention(tq, tk, tv)
-        impls["lib.tiled_attention (torch)"] = lambda: attn.tiled_attention(tq, tk, tv)
+        impls["lib.tiled_attention (torch)"] = lambda: tiled_attention(tq, tk, tv)
     return impls, (tq, tk, tv)
 
 

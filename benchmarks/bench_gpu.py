@@ -1,9 +1,9 @@
-"""The ladder: each design step of lib.flash timed alone against PyTorch's fused kernel (chapter 8).
+"""The ladder: each design step of lib.flash timed alone against PyTorch's fused kernel (chapter 9).
 
     make bench-gpu                                  # the full grid below, on the machine's own Python
     python benchmarks/bench_gpu.py --dtypes bfloat16 --d 64 --sizes 4096 --passes forward
     python benchmarks/bench_gpu.py --sweep --sizes 4096 8192      # every tile configuration of lib.flash, alone
-    python benchmarks/bench_gpu.py --csv benchmarks/gpu_results.csv   # also write the figures for chapter 8
+    python benchmarks/bench_gpu.py --csv benchmarks/gpu_results.csv   # also write the figures for chapter 9
     TRITON_INTERPRET=1 python benchmarks/bench_gpu.py --device cpu --dtypes float32 --d 16 --sizes 20 --reps 1
 
 The rungs are lib.flash.LADDER: the kernel as first written ("first"), then one change at a time, each kept:
@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from lib import attention as attn
+from lib.tiles import tiled_attention
 
 RUNGS = ("first", "+fold-scale", "+delta-kernel", "+atomic-dq", "+tma", "+lpt")  # lib.flash.LADDER, in order
 IMPLEMENTATIONS = ("sdpa", *RUNGS, "attention", "tiled")
@@ -62,7 +63,7 @@ def _flash(rung):
     def call(q, k, v, causal):
         from lib import flash
 
-        return attn.flash_attention(q, k, v, causal=causal, variant=flash.LADDER[rung])
+        return flash.flash_attention(q, k, v, causal=causal, variant=flash.LADDER[rung])
     return call
 
 
@@ -70,7 +71,7 @@ CALLS = {
     "sdpa": lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
     **{rung: _flash(rung) for rung in RUNGS},
     "attention": lambda q, k, v, causal: attn.attention(q, k, v, causal=causal),
-    "tiled": lambda q, k, v, causal: attn.tiled_attention(q, k, v, causal=causal),
+    "tiled": lambda q, k, v, causal: tiled_attention(q, k, v, causal=causal),
 }
 
 
@@ -236,7 +237,7 @@ def main():
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--csv", help="also write every figure to this CSV file (chapter 8 plots it)")
+    parser.add_argument("--csv", help="also write every figure to this CSV file (chapter 9 plots it)")
     parser.add_argument("--sweep", action="store_true", help="time each of lib.flash's tile configurations")
     args = parser.parse_args()
     args.dtypes = [getattr(torch, name) for name in args.dtypes]

@@ -52,7 +52,6 @@ from lib.backend import (
     _torch_module,
     _TorchOps,
 )
-from lib.tiles import tiled_attention
 
 __all__ = [
     "attention",
@@ -62,36 +61,9 @@ __all__ = [
     "causal_mask",
     "padding_mask",
     "softmax",
-    "tiled_attention",
-]  # and flash_attention, imported on first use (below)
+]  # the reference imports nothing above it: the tiles live in lib.tiles, the kernels in lib.flash and
+# lib.flash_decode, each exported from there alone
 
-
-def __getattr__(name):
-    """``flash_attention`` (chapter 8) is imported on first use: it needs torch and Triton, which NumPy readers
-    never load, and Triton decides when the kernels are defined whether they run on a GPU or in its interpreter."""
-    if name == "flash_attention":
-        try:
-            from lib.flash import flash_attention
-        except ModuleNotFoundError as err:
-            if err.name != "triton":
-                raise
-            raise ModuleNotFoundError(
-                "flash_attention needs Triton: `pip install triton` (CUDA builds of PyTorch, and Colab, ship it)",
-                name="triton",
-            ) from None
-        return flash_attention
-    if name == "flash_decode":  # split-KV decoding (chapter 11), imported on first use for the same reasons
-        try:
-            from lib.flash_decode import flash_decode
-        except ModuleNotFoundError as err:
-            if err.name != "triton":
-                raise
-            raise ModuleNotFoundError(
-                "flash_decode needs Triton: `pip install triton` (CUDA builds of PyTorch, and Colab, ship it)",
-                name="triton",
-            ) from None
-        return flash_decode
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # --------------------------------------------------------------------------------------------------------------
 # Softmax
@@ -253,7 +225,7 @@ def causal_mask(L, S=None, *, like=None, align="top-left"):
     """
     L = _check_length(L, "L")
     S = L if S is None else _check_length(S, "S")
-    if align not in ("top-left", "bottom-right"):
+    if not isinstance(align, str) or align not in ("top-left", "bottom-right"):
         raise ValueError(f"align must be 'top-left' or 'bottom-right', got {align!r}")
     ops = _like_ops(like)
     like = like if like is not None else np.empty(0)
@@ -268,13 +240,14 @@ def causal_mask(L, S=None, *, like=None, align="top-left"):
     return ops.arange(S, like)[None, :] <= rows  # (L, S)
 
 
-def padding_mask(lengths, S, *, heads=False):
-    """Boolean (B, 1, S) mask, True on each sequence's first ``lengths[b]`` keys, the real tokens (chapter 5).
+def padding_mask(lengths, S, *, heads=True):
+    """Boolean mask, True on each sequence's first ``lengths[b]`` keys, the real tokens (chapter 5).
 
-    Broadcasts against scores of shape (B, L, S), and against the modules' (..., L, S), which every head
-    shares. For multi-head scores (B, H, L, S), as :func:`attention` sees them when given split heads, pass
-    ``heads=True``: the mask is then (B, 1, 1, S), SDPA's 4-D layout. Without it, a (B, 1, S) mask would
-    broadcast as (1, B, 1, S) and pair batch b with head b: an error when B != H, a wrong answer when B == H.
+    A per-sequence argument is read per sequence: the mask is (B, 1, 1, S) by default, SDPA's 4-D layout, which
+    broadcasts against multi-head scores (B, H, L, S) as sequence b on every head of sequence b. For single-head
+    scores (B, L, S) pass ``heads=False``: the mask is then (B, 1, S). Each layout refuses the other's scores
+    with a ValueError (a (B, 1, S) mask against (B, H, L, S) would broadcast as (1, B, 1, S) and pair sequence b
+    with head b). The multi-head modules and :func:`lib.modules.grouped_attention` take either.
     ``lengths`` is a 1-D sequence of integers, each between 0 and ``S``; a torch tensor gives a torch mask on
     its device.
     """
@@ -298,7 +271,7 @@ def padding_mask(lengths, S, *, heads=False):
         raise ValueError(f"lengths must be at most S={S}, got {lens.tolist()}")
     positions = ops.arange(S, lens)  # (S,)
     mask = (positions[None, :] < lens[:, None])[:, None, :]  # (B, 1, S)
-    return mask[:, None] if heads else mask  # (B, 1, 1, S) or (B, 1, S)
+    return mask[:, None] if heads else mask  # (B, 1, 1, S), or (B, 1, S) with heads=False
 
 
 def best_device():

@@ -353,10 +353,16 @@ def _check_mask(ops, mask, scores_shape, cdtype):
     except ValueError:
         fits = False
     if not fits:
+        hint = ""
+        if len(mshape) > len(scores_shape) and len(mshape) >= 4 and mshape[-3:-1] == (1, 1):
+            hint = (": a (B, 1, 1, S) padding mask is for split heads, scores (B, H, L, S); for scores (B, L, S) "
+                    "build it with padding_mask(lengths, S, heads=False)")
         raise ValueError(
             f"mask of shape {mshape} does not broadcast to the scores' shape {scores_shape} "
-            f"(..., L, S) with L={scores_shape[-2]}, S={scores_shape[-1]}"
+            f"(..., L, S) with L={scores_shape[-2]}, S={scores_shape[-1]}{hint}"
         )
+    if mask.ndim < 2:  # a key mask (S,) or a scalar: give it the (L, S) axes the tiles slice
+        mask = mask.reshape((1,) * (2 - mask.ndim) + mshape)
     if is_bool:
         return mask
     mask = ops.astype(mask, cdtype)

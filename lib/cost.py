@@ -10,7 +10,14 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-from lib.decoding import kv_cache_bytes
+__all__ = [
+    "GPU", "GPUS", "MODELS", "ScoreLedger", "Transformer", "attainable_flops", "attended_pairs", "attention_bytes",
+    "attention_crossover", "attention_flops", "attention_share", "cache_outweighs_weights", "choose_num_splits",
+    "decode_attention_intensity", "decode_bytes", "decode_fits", "decode_memory_bytes", "decode_step",
+    "decode_tokens_per_s", "forward_flops", "fp32_per_score", "gpu", "intensity", "kv_cache_bytes",
+    "layer_step_flops", "ledger_ceilings", "max_decode_batch", "model", "roofline_seconds", "score_ledger",
+    "wave_efficiency",
+]
 
 
 @dataclass(frozen=True)
@@ -50,10 +57,20 @@ GPUS = {
 
 
 def gpu(name: str) -> GPU:
-    """The GPU called ``name`` (one of ``GPUS``), with a clear error for any other name."""
-    if name not in GPUS:
-        raise ValueError(f"no rates for GPU {name!r}; known: {', '.join(GPUS)}")
-    return GPUS[name]
+    """The GPU called ``name`` (one of ``GPUS``), with a clear error for any other name. A :class:`GPU` is
+    returned as it is, so every function here takes a GPU or its name."""
+    return _gpu(name, "name")
+
+
+def _gpu(value, argument):
+    if isinstance(value, GPU):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a lib.cost.GPU or one of the names {', '.join(GPUS)}; got "
+                        f"{type(value).__name__}")
+    if value not in GPUS:
+        raise ValueError(f"{argument}={value!r}: no rates for that GPU; known: {', '.join(GPUS)}")
+    return GPUS[value]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -67,8 +84,7 @@ def wave_efficiency(programs: int, sms: int) -> float:
     One program per SM at a time: ``programs / sms`` waves, the last one possibly partial, so the chip is busy for
     ``waves / ceil(waves)`` of the time. 8 programs on 132 SMs: 0.06; 132: 1.0; 133: about 0.5.
     """
-    if programs < 1 or sms < 1:
-        raise ValueError(f"programs and sms must be at least 1, got {programs} and {sms}")
+    programs, sms = _count("programs", programs), _count("sms", sms)
     return (programs / sms) / -(-programs // sms)  # waves / ⌈waves⌉
 
 
@@ -107,6 +123,8 @@ def decode_bytes(batch: int, kv_heads: int, keys: int, E: int, Ev: int, bytes_pe
     out: at decoding sizes they are a fraction of a percent. Divided by ``gpu(...).hbm_bytes_per_s`` it gives the
     least time the step can take, a prediction; divided by a measured time, the bandwidth achieved.
     """
+    batch, kv_heads, keys = _count("batch", batch), _count("kv_heads", kv_heads), _count("keys", keys, 0)
+    E, Ev, bytes_per_number = _count("E", E), _count("Ev", Ev), _count("bytes_per_number", bytes_per_number)
     return batch * kv_heads * keys * (E + Ev) * bytes_per_number
 
 
@@ -125,13 +143,31 @@ FP32_SOFTMAX_FOLDED = 124 / 32
 FP32_SOFTMAX_UNFOLDED = 154 / 32
 FP32_PER_SCORE_FOLDED = 188 / 32  # head size 128, as compiled
 FP32_PER_SCORE_UNFOLDED = 218 / 32
+# Of those, the ones that do not issue at the FMA pipe's 128 lanes a clock per SM. FMNMX (the running maximum): the
+# CUDA C++ Programming Guide's throughput table, row "compare, minimum, maximum", gives 64 a clock per SM on compute
+# capability 8.6, 8.9 and 9.0, half their 128 float32 adds and multiplies (on 8.0 both are 64: full rate there).
+# F2FP (the pack of two float32 weights into 16 bits) has no row of its own. The ledger assumes it issues at that
+# same half rate; if it falls in the guide's catch-all row, "all other type conversions" (16 a clock per SM on 9.0,
+# one eighth of the float32 rate), each takes 8 lane slots instead of 2: ``score_ledger(..., f2fp_slots=8)``
+# prices that case. 36 FMNMX + 16 F2FP for 32 scores, at either head size.
+FMNMX_PER_SCORE = 36 / 32
+F2FP_PER_SCORE = 16 / 32
+FP32_HALF_RATE_PER_SCORE = FMNMX_PER_SCORE + F2FP_PER_SCORE  # 52 / 32
+F2FP_SLOTS_CATCH_ALL = 8  # lane slots per F2FP at the guide's "all other type conversions" rate on 9.0
+
+# Two rates measured on one NVIDIA H100 80GB (torch 2.11.0+cu130, Triton 3.6, November 2026), rounded as recorded
+# ("about") in benchmarks/results.md beside SDPA's 417 and 603 TFLOP/s of the same run: a large bfloat16 matrix
+# product, and a copy timed as bytes read plus bytes written a second. Approximate, and one run.
+H100_MEASURED_MATMUL_FLOPS = 790e12
+H100_MEASURED_COPY_BYTES_PER_S = 3.0e12
 
 
 def fp32_per_score(d: int, block_n: int = 64, folded: bool = True) -> float:
     """Float32 instructions per score of the forward loop at head size ``d`` with key tiles of ``block_n`` (chapter 8):
     the softmax's own, plus the accumulator's rescale, ``d / block_n``."""
-    if d <= 0 or block_n <= 0:
-        raise ValueError(f"d and block_n must be positive; got d={d}, block_n={block_n}")
+    d, block_n = _count("d", d), _count("block_n", block_n)
+    if not isinstance(folded, bool):
+        raise TypeError(f"folded must be True or False, got {type(folded).__name__}")
     return (FP32_SOFTMAX_FOLDED if folded else FP32_SOFTMAX_UNFOLDED) + d / block_n
 
 
@@ -143,16 +179,19 @@ class ScoreLedger:
     d: int  # head size
     tensor_flops: float  # per score: 2·d per matrix product
     exponentials: float  # per score
-    fp32_ops: float  # per score, float32 instructions (one lane each)
+    fp32_ops: float  # per score, float32 instructions (one lane each), all of them
     hbm_bytes: float  # per score: the compulsory traffic (q, k, v, o once) shared over the n scores of a row
+    fp32_half_rate_ops: float = 0.0  # per score, extra lane slots of the slow ones among fp32_ops (1 per half-rate op)
 
     @property
     def seconds(self) -> dict:
-        """Seconds per score on each unit, at the GPU's datasheet rates."""
+        """Seconds per score on each unit, at the GPU's datasheet rates; a half-rate instruction takes two lanes' time
+        (one extra slot), an eighth-rate one eight."""
+        lane_slots = self.fp32_ops + self.fp32_half_rate_ops  # an FMA is 2 FLOPs, 1 instruction
         return {
             "tensor cores": self.tensor_flops / self.gpu.tensor_flops,
             "exponential unit": self.exponentials / self.gpu.exp_per_s,
-            "float32 lanes": self.fp32_ops / (self.gpu.fp32_flops / 2),  # an FMA is 2 FLOPs, 1 instruction
+            "float32 lanes": lane_slots / (self.gpu.fp32_flops / 2),
             "HBM": self.hbm_bytes / self.gpu.hbm_bytes_per_s,
         }
 
@@ -175,27 +214,50 @@ class ScoreLedger:
 
 
 def score_ledger(gpu: GPU, d: int, n: int = 4096, products: int = 2, exponentials: float = 1.0,
-                 fp32_ops: float | None = None, elt: int = 2) -> ScoreLedger:
+                 fp32_ops: float | None = None, elt: int = 2, half_rate: bool = True,
+                 f2fp_slots: float = 2) -> ScoreLedger:
     """The ledger per score of attention with head size ``d`` over ``n`` keys (chapter 8). The forward pass has 2
     products and 1 exponential a score; a backward pass 5 products (7 with a separate dQ kernel) and 1 or 2.
-    ``fp32_ops`` defaults to the library's compiled forward loop, :func:`fp32_per_score` ``(d)``."""
-    if d <= 0 or n <= 0 or products <= 0:
-        raise ValueError(f"d, n and products must be positive; got d={d}, n={n}, products={products}")
-    if fp32_ops is None:
-        fp32_ops = fp32_per_score(d)
-    return ScoreLedger(gpu, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n))
+    ``fp32_ops`` defaults to the library's compiled forward loop, :func:`fp32_per_score` ``(d)``, of which
+    ``FP32_HALF_RATE_PER_SCORE`` issue at half rate; ``half_rate=False`` counts every one at the FMA rate (the
+    simplification, to price it). ``f2fp_slots`` is the lane slots each F2FP takes with ``half_rate``: 2 (half rate,
+    the assumption) or ``F2FP_SLOTS_CATCH_ALL`` (the guide's "all other type conversions" row)."""
+    device = _gpu(gpu, "gpu")  # a GPU or its name
+    d, n, products, elt = _count("d", d), _count("n", n), _count("products", products), _count("elt", elt)
+    exponentials = _amount("exponentials", exponentials)
+    fp32_ops = fp32_per_score(d) if fp32_ops is None else _amount("fp32_ops", fp32_ops)
+    f2fp_slots = _amount("f2fp_slots", f2fp_slots)
+    if f2fp_slots < 1:
+        raise ValueError(f"f2fp_slots must be at least 1 (a full-rate instruction); got {f2fp_slots}")
+    if half_rate and FP32_HALF_RATE_PER_SCORE > fp32_ops:
+        raise ValueError(f"fp32_ops={fp32_ops} is fewer than the {FP32_HALF_RATE_PER_SCORE} half-rate instructions "
+                         "it must include")
+    slow = FMNMX_PER_SCORE + (f2fp_slots - 1) * F2FP_PER_SCORE if half_rate else 0.0
+    return ScoreLedger(device, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n), slow)
 
 
-def predicted_sdpa_tflops(gpu: GPU, d: int, n: int = 4096) -> tuple[float, float]:
-    """The forward TFLOP/s a one-warpgroup-at-a-time kernel lands between (chapter 8): all units in turn, and the
-    softmax's two units overlapping each other. A kernel that overlaps products with softmax can pass the second."""
-    ledger = score_ledger(gpu, d, n)
+def ledger_ceilings(gpu: GPU, d: int, n: int = 4096, f2fp_slots: float = 2) -> tuple[float, float]:
+    """Two ceilings on the forward TFLOP/s of a kernel whose products and softmax take turns (chapter 8): all units in
+    turn ("serial"), and the softmax's two units overlapping each other but not the products ("softmax"). Only a
+    kernel that runs its softmax under its products can pass the second. Pass a :class:`GPU` (or its name) with a
+    measured ``tensor_flops`` (``dataclasses.replace``) for the ceilings at the rate matrix products really reach;
+    ``f2fp_slots`` as in :func:`score_ledger`."""
+    ledger = score_ledger(gpu, d, n, f2fp_slots=f2fp_slots)  # which takes a GPU or its name
     return ledger.tflops("serial"), ledger.tflops("softmax")
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Chapters 7 and 10: counting attention, a transformer's forward pass, and the decode step on the roofline
 # --------------------------------------------------------------------------------------------------------------
+
+
+def _amount(name, x):
+    """A finite, non-negative real number (FLOPs, bytes, instructions), or a clear error naming it."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(x).__name__}")
+    if not 0 <= x < float("inf"):
+        raise ValueError(f"{name} must be finite and non-negative, got {x!r}")
+    return x
 
 
 def _count(name, n, low=1):
@@ -205,18 +267,27 @@ def _count(name, n, low=1):
 
 
 def attended_pairs(L, S=None, *, causal=False):
-    """How many (query, key) pairs are scored: L·S, or with ``causal`` those a bottom-right mask keeps (chapter 7).
+    """How many (query, key) pairs are scored: L·S, or those a causal mask keeps (chapter 7).
 
-    Query i is token S - L + i and sees keys j <= S - L + i, so the causal count is L·(S - L) + L(L + 1)/2: with
-    L = S, n(n + 1)/2, about half of n². A kernel that skips the masked tiles does about this much work.
+    ``causal`` as in :func:`lib.attention.attention`: False; True or ``"top-left"``, query i sees keys j <= i,
+    Σ_i min(i + 1, S) pairs; ``"bottom-right"``, query i is token S - L + i and sees keys j <= S - L + i,
+    L·(S - L) + L(L + 1)/2 pairs (needs L <= S). With L = S both are n(n + 1)/2, about half of n². A kernel that
+    skips the masked tiles does about this much work.
     """
     L = _count("L", L)
     S = L if S is None else _count("S", S)
-    if not causal:
+    if isinstance(causal, bool) and not causal:
         return L * S
-    if L > S:
-        raise ValueError(f"L={L} queries after S={S} keys: a bottom-right causal mask needs L <= S")
-    return L * (S - L) + L * (L + 1) // 2
+    if not isinstance(causal, (bool, str)):
+        raise TypeError(f"causal must be False, True, 'top-left' or 'bottom-right'; got {type(causal).__name__}")
+    if causal is True or causal == "top-left":
+        full = min(L, S)  # rows 0 .. S-1 see i + 1 keys; any later row sees all S
+        return full * (full + 1) // 2 + (L - full) * S
+    if causal == "bottom-right":
+        if L > S:
+            raise ValueError(f"causal='bottom-right' with L={L} queries after S={S} keys: it needs L <= S")
+        return L * (S - L) + L * (L + 1) // 2
+    raise ValueError(f"causal must be False, True, 'top-left' or 'bottom-right'; got {causal!r}")
 
 
 def attention_flops(L, S=None, E=64, Ev=None, *, heads=1, batch=1, causal=False):
@@ -253,6 +324,7 @@ def attention_bytes(L, S=None, E=64, Ev=None, *, heads=1, kv_heads=None, batch=1
 
 def intensity(flops, nbytes):
     """Arithmetic intensity: FLOPs per byte of memory traffic (chapter 7)."""
+    flops, nbytes = _amount("flops", flops), _amount("nbytes", nbytes)
     if not nbytes > 0:
         raise ValueError(f"nbytes must be positive, got {nbytes!r}")
     return flops / nbytes
@@ -264,13 +336,15 @@ def roofline_seconds(flops, nbytes, device):
     The roofline bound max(flops / peak, bytes / bandwidth): a prediction from datasheet rates, never a measurement.
     It counts the tensor cores' rate, so it is the bound for half-precision matrix products.
     """
-    device = gpu(device) if isinstance(device, str) else device
+    device = _gpu(device, "device")
+    flops, nbytes = _amount("flops", flops), _amount("nbytes", nbytes)
     return max(flops / device.tensor_flops, nbytes / device.hbm_bytes_per_s)
 
 
 def attainable_flops(arithmetic_intensity, device):
     """FLOP/s the roofline allows at an intensity: min(peak, intensity · bandwidth) (chapter 7)."""
-    device = gpu(device) if isinstance(device, str) else device
+    device = _gpu(device, "device")
+    arithmetic_intensity = _amount("arithmetic_intensity", arithmetic_intensity)
     return min(device.tensor_flops, arithmetic_intensity * device.hbm_bytes_per_s)
 
 
@@ -329,9 +403,19 @@ MODELS = {
 
 
 def model(name: str) -> Transformer:
-    """The transformer called ``name`` (one of ``MODELS``), with a clear error for any other name."""
+    """The transformer called ``name`` (one of ``MODELS``), with a clear error for any other name. A
+    :class:`Transformer` is returned as it is, so every function here takes a shape or its name."""
+    return _model(name, "name")
+
+
+def _model(name, argument):
+    if isinstance(name, Transformer):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"{argument} must be a lib.cost.Transformer or one of the names {', '.join(MODELS)}; got "
+                        f"{type(name).__name__}")
     if name not in MODELS:
-        raise ValueError(f"no shape for model {name!r}; known: {', '.join(MODELS)}")
+        raise ValueError(f"{argument}={name!r}: no shape for that model; known: {', '.join(MODELS)}")
     return MODELS[name]
 
 
@@ -342,7 +426,7 @@ def forward_flops(shape, n_tokens, *, causal=True):
     Q Kᵀ and weights·V over the pairs a causal mask keeps, 4 · d_model per pair per layer. Left out: the
     embedding lookup, the output read-out (2 · vocab · d_model per token), softmax, norms and activations.
     """
-    n = _count("n_tokens", n_tokens)
+    shape, n = _model(shape, "shape"), _count("n_tokens", n_tokens)
     dense = 2 * shape.layer_params * n * shape.n_layers
     attention = 4 * shape.d_model * attended_pairs(n, causal=causal) * shape.n_layers
     return {"dense": dense, "attention": attention}
@@ -350,6 +434,7 @@ def forward_flops(shape, n_tokens, *, causal=True):
 
 def attention_share(shape, n_tokens):
     """The share of a causal forward pass's layer FLOPs spent in attention's two products (chapter 7)."""
+    shape = _model(shape, "shape")
     flops = forward_flops(shape, n_tokens)
     return flops["attention"] / (flops["attention"] + flops["dense"])
 
@@ -360,7 +445,14 @@ def attention_crossover(shape):
     Per layer, attention does 2·d_model·(n + 1) FLOPs per token on average and the dense products 2·layer_params,
     so they meet at n = layer_params / d_model - 1. Returned as a float.
     """
+    shape = _model(shape, "shape")
     return shape.layer_params / shape.d_model - 1
+
+
+def _read_weights(shape):
+    """Weights one decode step reads: every layer matrix and the output read-out (the input embedding reads only
+    the new tokens' rows, and the norms are a few vectors: both left out)."""
+    return shape.n_layers * shape.layer_params + shape.vocab * shape.d_model
 
 
 def decode_step(shape, context, *, batch=1, bytes_per_number=2):
@@ -369,11 +461,12 @@ def decode_step(shape, context, *, batch=1, bytes_per_number=2):
     Bytes: every layer matrix and the output read-out read once for the whole batch (the input embedding reads
     only ``batch`` rows, left out), plus each sequence's KV cache of ``context`` tokens. FLOPs: 2 per weight per
     token, plus attention's 4 · H · d_head per cached token per layer. Returns a dict with "flops",
-    "weight_bytes", "cache_bytes" and "bytes".
+    "weight_bytes", "cache_bytes" and "bytes". ``shape`` is a :class:`Transformer` or a name in ``MODELS``.
     """
+    shape = _model(shape, "shape")
     context, batch = _count("context", context, 0), _count("batch", batch)
     bytes_per_number = _count("bytes_per_number", bytes_per_number)
-    read_weights = shape.n_layers * shape.layer_params + shape.vocab * shape.d_model
+    read_weights = _read_weights(shape)
     weight_bytes = read_weights * bytes_per_number
     cache_bytes = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, context, bytes_per_number, batch)
     flops = batch * (2 * read_weights + 4 * shape.n_layers * shape.n_heads * shape.d_head * context)
@@ -391,18 +484,148 @@ def decode_attention_intensity(n_heads, n_kv_heads, bytes_per_number=2):
     return 2 * n_heads / (n_kv_heads * _count("bytes_per_number", bytes_per_number))
 
 
+def decode_memory_bytes(shape, context, *, batch=1, bytes_per_number=2):
+    """Bytes a decoding set-up keeps in GPU memory at least: every parameter, and ``batch`` KV caches of
+    ``context`` tokens (chapter 10). Activations, workspace and the framework's own reserve come on top."""
+    shape = _model(shape, "shape")
+    context, batch = _count("context", context, 0), _count("batch", batch)
+    bytes_per_number = _count("bytes_per_number", bytes_per_number)
+    cache = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, context, bytes_per_number, batch)
+    return shape.params * bytes_per_number + cache
+
+
+def decode_fits(shape, device, context, *, batch=1, bytes_per_number=2):
+    """Whether :func:`decode_memory_bytes` fits in the GPU's memory, ``gpu(device).hbm_bytes`` (chapter 10)."""
+    need = decode_memory_bytes(shape, context, batch=batch, bytes_per_number=bytes_per_number)
+    return need <= _gpu(device, "device").hbm_bytes
+
+
+def max_decode_batch(shape, device, context, *, bytes_per_number=2):
+    """The largest batch whose weights and KV caches of ``context`` tokens fit in the GPU's memory; 0 when not
+    even the weights and one cache do (chapter 10)."""
+    shape, device = _model(shape, "shape"), _gpu(device, "device")
+    context = _count("context", context, 0)
+    bytes_per_number = _count("bytes_per_number", bytes_per_number)
+    room = device.hbm_bytes - shape.params * bytes_per_number
+    per_sequence = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, context, bytes_per_number)
+    if room < 0:
+        return 0
+    if per_sequence == 0:
+        raise ValueError("context=0 caches nothing: any batch fits the cache; the bound is elsewhere")
+    return int(room // per_sequence)
+
+
 def decode_tokens_per_s(shape, device, context, *, batch=1, bytes_per_number=2):
     """The roofline's upper bound on tokens generated per second, all ``batch`` sequences together (chapter 10).
 
     A prediction from datasheet rates: a real server also pays for kernel launches, the softmax, sampling and
-    whatever the kernels leave unused of the bandwidth.
+    whatever the kernels leave unused of the bandwidth. A set-up that cannot run is refused with a ValueError
+    rather than given a rate: one whose weights and KV caches (:func:`decode_memory_bytes`) exceed the GPU's
+    memory (see :func:`max_decode_batch`), or whose context exceeds the model's trained context.
     """
+    shape, device = _model(shape, "shape"), _gpu(device, "device")
+    context, batch = _count("context", context, 0), _count("batch", batch)
+    if context > shape.context:
+        raise ValueError(f"context={context} cached tokens exceed {shape.name}'s trained context of {shape.context} "
+                         "tokens: its positions past that were never trained")
+    need = decode_memory_bytes(shape, context, batch=batch, bytes_per_number=bytes_per_number)
+    if need > device.hbm_bytes:
+        most = max_decode_batch(shape, device, context, bytes_per_number=bytes_per_number)
+        raise ValueError(f"{shape.name} at batch={batch} with {context} cached tokens each needs {need / 1e9:.1f} GB "
+                         f"of weights and KV cache, more than the {device.name}'s {device.hbm_bytes / 1e9:.0f} GB: "
+                         f"at most batch={most} fits (lib.cost.max_decode_batch)")
     step = decode_step(shape, context, batch=batch, bytes_per_number=bytes_per_number)
     return batch / roofline_seconds(step["flops"], step["bytes"], device)
 
 
 def cache_outweighs_weights(shape, *, batch=1, bytes_per_number=2):
-    """The cached length (tokens per sequence) at which a batch's KV cache holds as many bytes as all the weights."""
-    per_token = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, 1, bytes_per_number,
-                               _count("batch", batch))
-    return shape.params * bytes_per_number / per_token
+    """The cached length (tokens per sequence) at which a batch's KV cache holds as many bytes as the weights a
+    decode step reads (the layers and the output read-out, as :func:`decode_step` counts them): past it, the
+    cache dominates every step's traffic."""
+    shape = _model(shape, "shape")
+    per_token = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, 1, _count("bytes_per_number",
+                               bytes_per_number), _count("batch", batch))
+    return _read_weights(shape) * bytes_per_number / per_token
+
+
+def kv_cache_bytes(n_layers, n_kv_heads, d_head, n_tokens, bytes_per_number, batch=1):
+    """Bytes of a model's KV cache: 2 (keys and values) · layers · kv heads · d_head · tokens · bytes · batch.
+
+    ``bytes_per_number`` is 2 for float16/bfloat16, 4 for float32. Grouped-query attention shrinks the cache by
+    n_heads / n_kv_heads, since only the key/value heads are cached.
+    """
+    sizes = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "d_head": d_head, "bytes_per_number": bytes_per_number,
+             "batch": batch}
+    for name, n in {**sizes, "n_tokens": n_tokens}.items():
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise TypeError(f"{name} must be an integer, got {type(n).__name__}")
+        if n < (0 if name == "n_tokens" else 1):
+            raise ValueError(f"{name} must be at least {0 if name == 'n_tokens' else 1}, got {n}")
+    return 2 * n_layers * n_kv_heads * d_head * n_tokens * bytes_per_number * batch
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapter 12: what the variants of the formula cache and score. A sliding window caps the cache of its layers at
+# `window` tokens and a row's scores at `window`; latent attention caches one latent and one rotary key per token
+# for all heads; linear attention keeps a fixed state. Counts, not measurements.
+# --------------------------------------------------------------------------------------------------------------
+
+
+def band_scores(n, window=None):
+    """(query, key) scores a causal sliding window of ``window`` keys computes over n tokens (all of them: None).
+
+    Row i scores min(i + 1, window) keys, so the total grows like n · window once n passes the window, against
+    n (n + 1) / 2 for the causal mask (:func:`lib.tiles.tile_count` counts the tiles a kernel visits for it).
+    """
+    n = _count("n", n, 0)
+    w = n if window is None else min(n, _count("window", window))
+    return w * (w + 1) // 2 + (n - w) * w  # the first w rows fill up, the rest score w keys each
+
+
+def mla_cache_bytes(n_layers, d_latent, d_rope, n_tokens, bytes_per_number, batch=1):
+    """Bytes of a multi-head latent attention cache: layers · (d_latent + d_rope) · tokens · bytes · batch.
+
+    One latent and one decoupled rotary key per token and layer, shared by every head (DeepSeek-V2).
+    """
+    n_layers, d_latent, d_rope = _count("n_layers", n_layers), _count("d_latent", d_latent), _count("d_rope", d_rope)
+    n_tokens, batch = _count("n_tokens", n_tokens, 0), _count("batch", batch)
+    return n_layers * (d_latent + d_rope) * n_tokens * _count("bytes_per_number", bytes_per_number) * batch
+
+
+def windowed_cache_bytes(windows, n_kv_heads, d_head, n_tokens, bytes_per_number, batch=1):
+    """Bytes of a KV cache whose layers hold at most their window: ``windows`` has one entry per layer, an int for
+    a sliding-window layer (a rolling cache of that many slots) or None for a global layer (every token)."""
+    if not windows:
+        raise ValueError("windows needs one entry per layer: an int window, or None for a global layer")
+    n_tokens = _count("n_tokens", n_tokens, 0)
+    kept = [n_tokens if w is None else min(n_tokens, _count("window", w)) for w in windows]
+    return sum(kv_cache_bytes(1, n_kv_heads, d_head, k, bytes_per_number, batch) for k in kept)
+
+
+def linear_state_bytes(n_layers, n_heads, d_head, d_v, bytes_per_number):
+    """Bytes of a linear-attention model's recurrent state: per layer and head, a d_head × d_v matrix and a d_head
+    normaliser, whatever the number of tokens."""
+    sizes = [_count(n, v) for n, v in (("n_layers", n_layers), ("n_heads", n_heads), ("d_head", d_head),
+                                       ("d_v", d_v), ("bytes_per_number", bytes_per_number))]
+    n_layers, n_heads, d_head, d_v, b = sizes
+    return n_layers * n_heads * (d_head * d_v + d_head) * b
+
+
+# Published configurations (each model's config.json on the Hugging Face Hub, and the papers cited in chapter 12).
+# MHA, GQA and MQA are the same cache with as many key/value heads as query heads, a few, or one; "as MHA" is what
+# DeepSeek-V3's 128 heads would cache as keys and values of 128 numbers each, the comparison DeepSeek-V2's paper
+# makes (its keys are in fact 128 + 64 wide: the cost of MHA is, if anything, understated).
+CACHE_CONFIGS = {
+    "Llama 2 7B (MHA)": {"n_layers": 32, "n_kv_heads": 32, "d_head": 128},
+    "Llama 3 70B (GQA, 8 groups)": {"n_layers": 80, "n_kv_heads": 8, "d_head": 128},
+    "Falcon 7B (MQA)": {"n_layers": 32, "n_kv_heads": 1, "d_head": 64},
+    "DeepSeek-V3 as MHA": {"n_layers": 61, "n_kv_heads": 128, "d_head": 128},
+    "DeepSeek-V3 (MLA)": {"n_layers": 61, "d_latent": 512, "d_rope": 64},
+}
+
+
+def cache_bytes_per_token(config, bytes_per_number=2):
+    """Cache bytes one token adds, for a CACHE_CONFIGS entry (or a dict like one): MLA if it has ``d_latent``."""
+    if "d_latent" in config:
+        return mla_cache_bytes(config["n_layers"], config["d_latent"], config["d_rope"], 1, bytes_per_number)
+    return kv_cache_bytes(config["n_layers"], config["n_kv_heads"], config["d_head"], 1, bytes_per_number)

@@ -25,7 +25,7 @@ import numpy as np
 from lib import modules
 from lib.backend import _NUMPY, _backend
 
-__all__ = ["KVCache", "decode_step", "kv_cache_bytes"]
+__all__ = ["KVCache", "decode_step"]  # the cache's size in bytes is counted by lib.cost.kv_cache_bytes
 
 
 class KVCache:
@@ -59,6 +59,7 @@ class KVCache:
                 raise ValueError(f"capacity must be at least 1 token, got {capacity}")
             capacity = int(capacity)
         self.capacity = capacity
+        self._asked_capacity = capacity
         self._k = self._v = None
         self._length = 0
 
@@ -87,8 +88,19 @@ class KVCache:
             return 0
         return sum(int(np.prod(t.shape)) * _itemsize(t) for t in (self._k, self._v))
 
+    def reset(self):
+        """Forget every token: the next append starts a new sequence at position 0 (the storage is kept, so its
+        shape, dtype and device still apply)."""
+        self._length = 0
+        if self.static:
+            self._k = self._v = None  # a static cache may then hold another context
+            self.capacity = self._asked_capacity
+
     def append(self, k, v):
         """Store keys k (..., l, E) and values v (..., l, Ev) of l new tokens; return (keys, values) of all S tokens."""
+        for name, t in (("k", k), ("v", v)):
+            if t is None:
+                raise TypeError(f"{name} is required, got None")
         ops = _backend({"k": k, "v": v})
         if ops is _NUMPY:
             k, v = np.asarray(k), np.asarray(v)
@@ -111,20 +123,20 @@ class KVCache:
                 f"this static cache already holds the keys and values of a context of {self._length} tokens, and "
                 "never grows: build another cache for another context"
             )
-        if self.capacity is None:
-            self.capacity = k.shape[-2]  # a static cache holds exactly its context
-        if self._k is None:
-            self._k = _empty_like(k, self.capacity)  # (..., capacity, E)
-            self._v = _empty_like(v, self.capacity)  # (..., capacity, Ev)
-        else:
+        if self._k is not None:
             for name, t, store in (("k", k, self._k), ("v", v, self._v)):
                 _check_matches(name, t, store)
         new = k.shape[-2]  # l, the number of new tokens
-        if self._length + new > self.capacity:
+        capacity = new if self.capacity is None else self.capacity  # a static cache holds exactly its context
+        if self._length + new > capacity:  # checked before anything is stored: a refused append changes nothing
             raise ValueError(
-                f"the cache holds {self._length} of {self.capacity} tokens: {new} more do not fit "
+                f"the cache holds {self._length} of {capacity} tokens: {new} more do not fit "
                 f"(build it with capacity >= {self._length + new})"
             )
+        if self._k is None:
+            self._k = _empty_like(k, capacity)  # (..., capacity, E)
+            self._v = _empty_like(v, capacity)  # (..., capacity, Ev)
+            self.capacity = capacity
         self._k[..., self._length : self._length + new, :] = k  # written in place: earlier rows never move
         self._v[..., self._length : self._length + new, :] = v
         self._length += new
@@ -166,6 +178,11 @@ def decode_step(q, k, v, cache):
     itself). Token by token, or l tokens at a time, this gives exactly the rows of full causal attention over the
     whole sequence. Hkv may divide H (grouped-query attention, :func:`lib.modules.grouped_attention`).
     """
+    from lib.paged import PagedKVCache  # here only: a paged cache is welcome too
+
+    if not isinstance(cache, (KVCache, PagedKVCache)):
+        raise TypeError(f"cache must be a lib.decoding.KVCache or a lib.paged.PagedKVCache, got "
+                        f"{type(cache).__name__}")
     ops = _backend({"q": q, "k": k, "v": v})
     if ops is _NUMPY:
         q, k, v = np.asarray(q), np.asarray(k), np.asarray(v)
@@ -178,20 +195,3 @@ def decode_step(q, k, v, cache):
         )
     keys, values = cache.append(k, v)  # (..., Hkv, S, E), (..., Hkv, S, Ev)
     return modules.grouped_attention(q, keys, values, causal="bottom-right")  # (..., H, l, Ev)
-
-
-def kv_cache_bytes(n_layers, n_kv_heads, d_head, n_tokens, bytes_per_number, batch=1):
-    """Bytes of a model's KV cache: 2 (keys and values) · layers · kv heads · d_head · tokens · bytes · batch.
-
-    ``bytes_per_number`` is 2 for float16/bfloat16, 4 for float32. Grouped-query attention shrinks the cache by
-    n_heads / n_kv_heads, since only the key/value heads are cached.
-    """
-    sizes = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "d_head": d_head, "bytes_per_number": bytes_per_number,
-             "batch": batch}
-    for name, n in {**sizes, "n_tokens": n_tokens}.items():
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-            raise TypeError(f"{name} must be an integer, got {type(n).__name__}")
-        if n < (0 if name == "n_tokens" else 1):
-            raise ValueError(f"{name} must be at least {0 if name == 'n_tokens' else 1}, got {n}")
-    return 2 * n_layers * n_kv_heads * d_head * n_tokens * bytes_per_number * batch
-

@@ -543,7 +543,8 @@ def block_table(tables, lengths, page_size, num_pages):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# chapter 8: the ledger per score, and where a forward tile lives on an H100
+# chapters 8 and 9: the memories, the ledger per score, where a forward tile lives on an H100, causal tiles, and
+# schedules of the key loop
 # --------------------------------------------------------------------------------------------------------------
 
 _UNIT_COLORS = {"tensor cores": "#0072B2", "exponential unit": "#E69F00", "float32 lanes": "#009E73",
@@ -610,6 +611,135 @@ def forward_tile_budget(tiles_kib, capacities_kib, ax=None):
     ax.invert_yaxis()
     ax.grid(axis="y", visible=False)
     return ax
+
+
+def memory_hierarchy(levels, ax=None):
+    """A GPU's memories as a ladder of boxes, largest at the bottom, each labelled with its size and, between two,
+    the bandwidth that joins them (chapter 8). ``levels`` is a list of ``(name, size_text, link_text)`` from the
+    largest memory to the smallest; ``link_text`` labels the arrow up to the next level (None for the last)."""
+    if ax is None:
+        fig, ax = _canvas(7.5, 0.95 * len(levels) - 0.15)
+    else:
+        fig = ax.figure
+    colours = ["#CC79A7", "#56B4E9", "#009E73", "#E69F00", "#0072B2"]
+    height, gap = 0.5, 0.45
+    for i, (name, size, link) in enumerate(levels):
+        width = 6.6 - 1.1 * i
+        x, y = (7.5 - width) / 2, 0.15 + i * (height + gap)
+        _box(ax, x, y, width, height, f"{name}: {size}", face=colours[i % len(colours)] + "55", size=9)
+        if link:
+            _arrow(ax, (3.75, y + height), (3.75, y + height + gap))
+            ax.text(3.85, y + height + gap / 2, link, va="center", fontsize=8, color=INK)
+    return fig
+
+
+def causal_tile_walk(n, block_m, block_n, ax=None):
+    """The key tiles each query block of a causal forward pass visits (chapter 9): whole tiles below the diagonal,
+    tiles the diagonal crosses (visited and masked inside), and tiles wholly in the future (never read)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    rows, cols = -(-n // block_m), -(-n // block_n)
+    kind = np.zeros((rows, cols))  # 0 skipped, 1 whole, 2 masked inside
+    for i in range(rows):
+        first, last = i * block_m, min(n, (i + 1) * block_m) - 1  # query rows of this block
+        for j in range(cols):
+            lo, hi = j * block_n, min(n, (j + 1) * block_n) - 1  # keys of this tile
+            if lo > last:
+                continue  # every key is in every row's future
+            kind[i, j] = 1 if hi <= first else 2
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 3.6))
+    cmap = ListedColormap(["#F2F2F2", BLUE, ORANGE])
+    ax.imshow(kind, cmap=cmap, vmin=0, vmax=2, aspect=block_m / block_n * 0 + 1, interpolation="nearest")
+    ax.set_xticks(np.arange(-0.5, cols, 1), minor=True)
+    ax.set_yticks(np.arange(-0.5, rows, 1), minor=True)
+    ax.grid(which="minor", color="white", lw=1)
+    ax.grid(which="major", visible=False)
+    ax.tick_params(which="minor", length=0)
+    ax.set_xlabel(f"key tile ({block_n} keys each)")
+    ax.set_ylabel(f"query block\n({block_m} rows, one program)")
+    visited = int((kind > 0).sum())
+    ax.set_title(f"n = {n}: {visited} of {rows * cols} tiles visited")
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=BLUE, label="visited, no mask"), Patch(color=ORANGE, label="visited, masked inside"),
+               Patch(facecolor="#F2F2F2", edgecolor="#999999", label="skipped: never read")]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, fontsize=8, frameon=False)
+    return ax
+
+
+def _schedule(groups, tasks):
+    """Greedy list scheduling: each group runs its tasks in order; tasks on "tensor" share one unit, one at a time;
+    a group's "softmax" runs on its own warps. ``tasks`` is a list of (unit, name, width). Returns the bars
+    (group, start, name, width) and the finishing time."""
+    nxt, ready, core_free, bars = [0] * groups, [0.0] * groups, 0.0, []
+    while any(i < len(tasks) for i in nxt):
+        def start(g, core_free=core_free):  # this round's state
+            unit = tasks[nxt[g]][0]
+            return max(ready[g], core_free) if unit == "tensor" else ready[g]
+
+        g = min((g for g in range(groups) if nxt[g] < len(tasks)), key=start)
+        unit, name, width = tasks[nxt[g]]
+        t0 = start(g)
+        bars.append((g, t0, name, width))
+        ready[g] = t0 + width
+        if unit == "tensor":
+            core_free = t0 + width
+        nxt[g] += 1
+    return bars, max(ready)
+
+
+def warpgroup_schedules(ledger, tiles=3, ax=None):
+    """Three schedules of the key loop (chapter 9), drawn to the ledger's times for one block of query rows. Top: this
+    library's kernel, 8 warps in two warp groups of 64 rows each, kept in step by the loop's barriers, so their
+    products and their softmax take turns. Middle: the same two groups in ping-pong, as FlashAttention-3 schedules
+    them, one group's softmax under the other's products. A warp group's 4 warps span the SM's 4 sub-partitions, so
+    a group's softmax over half the rows has the exponential and float32 units to itself and takes half the block's
+    softmax time, as its products take half the tensor time. Bottom: one group that issues the next tile's QKᵀ
+    before this tile's softmax. ``ledger`` is a :class:`lib.cost.ScoreLedger`; widths are its picoseconds per
+    score. Returns each schedule's finishing time."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    t = ledger.seconds
+    mma = t["tensor cores"] * 1e12 / 2  # one of the two products
+    soft = max(t["exponential unit"], t["float32 lanes"]) * 1e12  # its two units overlapping each other
+    colour = {"QKᵀ": BLUE, "softmax": ORANGE, "PV": "#56B4E9"}
+    turn = [("tensor", "QKᵀ", mma), ("own", "softmax", soft), ("tensor", "PV", mma)] * tiles
+    half = [("tensor", "QKᵀ", mma / 2), ("own", "softmax", soft / 2), ("tensor", "PV", mma / 2)] * tiles
+    lanes = []  # (row, start, name, width)
+    bars, end_turn = _schedule(1, turn)
+    lanes += [(0.0, s0, n_, w) for _, s0, n_, w in bars]
+    bars, end_pp = _schedule(2, half)
+    lanes += [(0.8 + 0.45 * g, s0, n_, w) for g, s0, n_, w in bars]
+    # one group, pipelined: QKᵀ of tile j + 1 runs on the tensor cores during the softmax of tile j
+    clock, row = mma, 2.5
+    lanes.append((row - 0.2, 0.0, "QKᵀ", mma))
+    for j in range(tiles):
+        lanes.append((row + 0.2, clock, "softmax", soft))
+        if j < tiles - 1:
+            lanes.append((row - 0.2, clock, "QKᵀ", mma))
+        clock += max(soft, mma if j < tiles - 1 else 0.0)
+        lanes.append((row - 0.2, clock, "PV", mma))
+        clock += mma
+    end_pipe = clock
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.5, 3.4))
+    for y, s0, name, width in lanes:
+        ax.barh(y, width, left=s0, height=0.36, color=colour[name], edgecolor="white")
+    for y, end in ((0.0, end_turn), (1.025, end_pp), (2.5, end_pipe)):
+        ax.text(end + 0.03, y, f"{end:.2f}", va="center", fontsize=8)
+    ax.set_yticks([0.0, 0.8, 1.25, 2.5],
+                  ["two groups in step,\nin turn (this kernel)", "ping-pong, group 1", "group 2", "one group,\nnext QKᵀ early"])
+    ax.invert_yaxis()
+    ax.set_xlim(0, end_turn * 1.12)
+    ax.set_xlabel(f"picoseconds per score, {tiles} key tiles (the ledger's times at d = {ledger.d}, H100)")
+    ax.set_title("The same work, three schedules: overlap hides the softmax")
+    ax.legend(handles=[Patch(color=c, label=w) for w, c in colour.items()], loc="upper center",
+              bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=8, frameon=False)
+    ax.grid(axis="y", visible=False)
+    return {"in turn": end_turn, "ping-pong": end_pp, "pipelined": end_pipe}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1042,4 +1172,124 @@ def tile_grid(scores, block_q, block_k):
     ax.grid(False)
     for spine in ax.spines.values():
         spine.set_visible(False)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapter 12: the formula as models changed it
+# --------------------------------------------------------------------------------------------------------------
+
+
+def window_tiles(masks, titles, block):
+    """Chapter 12: boolean masks (True = may attend) over a grid of (block × block) tiles, side by side.
+
+    Allowed cells are blue; a tile with no allowed cell is hatched grey, a tile the kernel never visits. Each
+    title gets the count of tiles visited. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    masks = [np.asarray(m, dtype=bool) for m in masks]
+    fig, axes = plt.subplots(1, len(masks), figsize=(3.6 * len(masks), 4.1), squeeze=False, layout="constrained")
+    for ax, mask, title in zip(axes[0], masks, titles):
+        L, S = mask.shape
+        ax.imshow(np.where(mask, 1.0, 0.0), cmap="Blues", vmin=-0.15, vmax=1.3, extent=(0, S, L, 0))
+        visited = 0
+        for i0 in range(0, L, block):
+            for j0 in range(0, S, block):
+                h, w = min(block, L - i0), min(block, S - j0)
+                if mask[i0:i0 + h, j0:j0 + w].any():
+                    visited += 1
+                else:
+                    ax.add_patch(Rectangle((j0, i0), w, h, facecolor="#D9D9D9", edgecolor="#8C8C8C",
+                                           hatch="///", lw=0))
+        for x in range(0, S + 1, block):
+            ax.axvline(x, color=INK, lw=1.2)
+        for y in range(0, L + 1, block):
+            ax.axhline(y, color=INK, lw=1.2)
+        ax.set(xlim=(0, S), ylim=(L, 0), xlabel="key position j", xticks=[], yticks=[])
+        ax.set_title(f"{title}\n{visited} of {-(-L // block) * -(-S // block)} tiles visited", fontsize=11)
+        ax.grid(False)
+    axes[0][0].set_ylabel("query position i")
+    fig.legend(handles=[Patch(facecolor="#3A7DC0", label="may attend"),
+                        Patch(facecolor="#D9D9D9", edgecolor="#8C8C8C", hatch="///", label="tile skipped")],
+               loc="outside lower center", ncol=2, frameon=False, fontsize=9.5)
+    return fig
+
+
+def sink_and_eviction(weights, accuracy, *, first_label="BOS", share=None, head=None):
+    """Chapter 12: one head's attention (L, L) with its first column marked, beside the accuracy of each cache.
+
+    ``accuracy`` maps a cache's name to the held-out accuracy with it. ``share``, if given, is the head's average
+    weight on key 0 as the text measures it (the title then quotes it instead of this map's own mean over rows),
+    and ``head`` a (layer, head) pair, counted from 1, for the title. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    weights = np.asarray(weights, dtype=float)
+    fig, (ax_map, ax_bar) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=[1, 1.25], layout="constrained")
+    image = ax_map.imshow(weights, cmap="viridis", vmin=0, vmax=1)
+    ax_map.add_patch(plt.Rectangle((-0.5, -0.5), 1, weights.shape[0], fill=False, edgecolor=ORANGE, lw=2.5))
+    if share is None:
+        title = f"{weights[1:, 0].mean():.2f} of the weight, on average, on key 0"
+    else:
+        title = f"{float(share):.2f} of the weight on key 0, held-out average"
+    if head is not None:
+        title = f"Layer {head[0]}, head {head[1]}: {title}"
+    ax_map.set(xlabel=f"key position j (0 = {first_label})", ylabel="query position i", title=title)
+    ax_map.grid(False)
+    fig.colorbar(image, ax=ax_map, shrink=0.8, label="attention weight")
+    names, values = list(accuracy), [accuracy[n] for n in accuracy]
+    bars = ax_bar.barh(names, values, color=[BLUE, ORANGE, GREEN, "#CC79A7"][:len(names)])
+    for bar, value in zip(bars, values):
+        ax_bar.text(value + 0.01, bar.get_y() + bar.get_height() / 2, f"{value:.2f}", va="center")
+    ax_bar.set(xlim=(0, 1.1), xlabel="held-out accuracy", title="The same model under three caches")
+    ax_bar.invert_yaxis()
+    return fig
+
+
+def cache_per_token(per_token):
+    """Chapter 12: cache bytes one token adds, per model (a dict name -> bytes), as bars on a log scale."""
+    import matplotlib.pyplot as plt
+
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    names = list(per_token)
+    values = [per_token[n] for n in names]
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(names) + 1.4), layout="constrained")
+    bars = ax.barh(names, values, color=[ORANGE if "MLA" in n else BLUE for n in names])
+    for bar, value in zip(bars, values):
+        ax.text(value * 1.1, bar.get_y() + bar.get_height() / 2, f"{value / 1024:,.0f} KiB", va="center")
+    ax.set_xscale("log")
+    ax.set_xlim(min(values) / 2, max(values) * 8)
+    ax.set(xlabel="cache bytes per token, all layers, 16-bit numbers (log scale)",
+           title="What one token adds to the cache, per model")
+    ax.invert_yaxis()
+    return fig
+
+
+def recall_curves(n_pairs, accuracy, *, d):
+    """Chapter 12: held-out recall against the number of stored pairs, one line per attention (name -> list)."""
+    import matplotlib.pyplot as plt
+
+    from lib.notebook import use_book_style
+
+    use_book_style()
+    fig, ax = plt.subplots(figsize=(7.5, 4.0), layout="constrained")
+    for (name, acc), marker in zip(accuracy.items(), "os^"):
+        ax.plot(n_pairs, acc, marker=marker, label=name)
+    ax.axvline(d, color="#8C8C8C", ls="--", lw=1)
+    ax.text(d * 1.05, 0.05, f"d = {d}", color="#555555")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(n_pairs, [str(n) for n in n_pairs])
+    ax.set(ylim=(0, 1.05), xlabel="key-value pairs in the context", ylabel="held-out recall accuracy",
+           title="Softmax keeps recalling; the fixed linear state does not")
+    ax.legend()
     return fig

@@ -1,4 +1,4 @@
-"""FlashAttention on a GPU: softmax(q kᵀ · scale) v as Triton kernels, forward and backward (chapter 8).
+"""FlashAttention on a GPU: softmax(q kᵀ · scale) v as Triton kernels, forward and backward (chapter 9).
 
 The algorithm is chapter 7's tiled loop the FlashAttention-2 way round: one program per (batch·head, query block)
 keeps its queries, a running maximum, a running sum and an output accumulator on chip, and walks the key blocks.
@@ -10,7 +10,7 @@ Shapes as in :mod:`lib.attention`: q (..., L, E), k (..., S, E), v (..., S, Ev).
 dimensions into one, Z, so every kernel sees q (Z, L, E), k (Z, S, E), v (Z, S, Ev), reached through strides.
 
 On a CPU, Triton's interpreter runs the same kernels, slowly, when the environment variable TRITON_INTERPRET=1 is
-set before Triton is first imported (by anything: some torch modules import it): the tests and chapter 8 use it at
+set before Triton is first imported (by anything: some torch modules import it): the tests and chapter 9 use it at
 small sizes.
 """
 
@@ -23,8 +23,16 @@ import os
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ModuleNotFoundError as err:
+    if err.name != "triton":
+        raise
+    raise ModuleNotFoundError(
+        "lib.flash and lib.flash_decode need Triton: `pip install triton` (CUDA builds of PyTorch, and Colab, "
+        "ship it)", name="triton") from None
 
 from lib.backend import _check_causal, _check_scale
 
@@ -40,6 +48,7 @@ if INTERPRETED and type(tl.max).__name__ != "InterpretedFunction":
     )
 
 LOG2_E = 1.0 / math.log(2.0)  # exp(x) = exp2(x · log2 e): the kernels work in base 2, which the hardware does natively
+LN_2 = math.log(2.0)  # the kernels' base-2 logsumexp times ln 2 is the natural one
 MAX_HEAD = 256  # largest E or Ev: a (block, head) tile of q, k and v must fit in on-chip memory beside the scores
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -210,7 +219,7 @@ def _arch_of_device(index):
 
 @dataclass(frozen=True)
 class Variant:
-    """Which of the kernel's design steps are on: each can be switched alone, to be measured alone (chapter 8)."""
+    """Which of the kernel's design steps are on: each can be switched alone, to be measured alone (chapter 9)."""
 
     fold_scale: bool = True  # forward: max on raw scores, scale folded into the exponent's FMA (one op less a score)
     delta_kernel: bool = True  # backward: D = rowsum(dO ∘ O) in a Triton kernel, not in eager PyTorch
@@ -279,13 +288,14 @@ def _split_program(n_rows, BLOCK: tl.constexpr, REVERSE: tl.constexpr = False):
 def _forward_tiles(
     acc, l_i, m_i, q, K_z, V_z, lo, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
     E: tl.constexpr, EV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr,
+    PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr, WINDOW=0, WINDOWED: tl.constexpr = False,
 ):
     """The online softmax over key tiles lo, lo + BLOCK_N, ... < hi. MASKED tiles may reach past S or into a
     row's causal future; the others are wholly allowed, and skip the comparisons. A tile's addresses are formed
     where it is loaded, from the tile's 64-bit base and 32-bit offsets within it: a tensor of BLOCK_E × BLOCK_N
     pointers kept across the loop would take registers that the matrix products need. TMA: K_z and V_z are tensor
-    descriptors, and one instruction copies a whole tile (rows past S and columns past E arrive as zeros)."""
+    descriptors, and one instruction copies a whole tile (rows past S and columns past E arrive as zeros).
+    WINDOWED (chapter 12): the MASKED tiles also drop keys older than each row's window of WINDOW keys."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + cols0  # (BLOCK_N,) key indices of this tile
         if TMA:
@@ -321,6 +331,8 @@ def _forward_tiles(
             allowed = cols[None, :] < S
             if CAUSAL:
                 allowed = allowed & (cols[None, :] <= rows[:, None])
+            if WINDOWED:  # the sliding window (chapter 12): only the last WINDOW keys
+                allowed = allowed & (cols[None, :] > rows[:, None] - WINDOW)
             s = tl.where(allowed, s, float("-inf"))
         if FOLD:
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # (BLOCK_M,)
@@ -366,7 +378,7 @@ def _flash_forward(
     L, S, qk_scale, TUNE_L, TUNE_S, TUNE_Z,
     E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, FOLD: tl.constexpr, TMA: tl.constexpr, LPT: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, WINDOW=0, WINDOWED: tl.constexpr = False,
 ):
     # batch·head index, first query row of this program
     z, start_m = _split_program(L, BLOCK_M, CAUSAL and LPT)
@@ -407,13 +419,19 @@ def _flash_forward(
     else:
         hi = S
         full = (S // BLOCK_N) * BLOCK_N
+    lo = 0
+    # Sliding window (chapter 12): tiles wholly older than the first row's window are never visited; every
+    # visited tile takes the masked path, which also cuts the window's lower edge.
+    if WINDOWED:
+        lo = (tl.maximum(start_m - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
+        full = lo
     acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, K_z, V_z, 0, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
+        acc, l_i, m_i, q, K_z, V_z, lo, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
         E, EV, False, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA,
     )
     acc, l_i, m_i = _forward_tiles(
         acc, l_i, m_i, q, K_z, V_z, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
-        E, EV, True, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA,
+        E, EV, True, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA, WINDOW, WINDOWED,
     )
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # a row with no key gets 0, not 0/0
@@ -753,7 +771,7 @@ def _scratch_for_descriptors():
         _ALLOCATOR_SET.append(True)
 
 
-def _forward(q, k, v, causal, scale, tiles=None, variant=None):
+def _forward(q, k, v, causal, scale, tiles=None, variant=None, window=None):
     """q (Z, L, E), k (Z, S, E), v (Z, S, Ev) -> output (Z, L, Ev) and logsumexp (Z, L),
     base 2, float32."""
     variant = variant or DEFAULT
@@ -772,6 +790,7 @@ def _forward(q, k, v, causal, scale, tiles=None, variant=None):
             E=E, EV=EV, BLOCK_E=_head_block(E), BLOCK_EV=_head_block(EV), CAUSAL=causal,
             PRECISION=_precision(q.dtype), FOLD=variant.fold_scale, TMA=tma,
             LPT=variant.lpt, tiles=tiles,
+            WINDOW=window or 0, WINDOWED=window is not None,  # chapter 12
         )
     return o, lse
 
@@ -788,8 +807,11 @@ def _delta(o, do, variant):
     return delta
 
 
-def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_tiles=None):
-    """The three gradients. ``tiles`` forces the dK/dV kernel's configuration, ``q_tiles`` the dQ kernel's."""
+def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_tiles=None, dlse=None):
+    """The three gradients. ``tiles`` forces the dK/dV kernel's configuration, ``q_tiles`` the dQ kernel's.
+
+    ``dlse`` (Z, L), the gradient of the natural-log logsumexp, if it was used: since d lse / d score_j = P_j,
+    it enters as dS = P ∘ (dP - (D - dlse)), that is D - dlse in place of D."""
     variant = variant or DEFAULT
     Z, L, E = q.shape
     S, EV = v.shape[1], v.shape[2]
@@ -800,6 +822,8 @@ def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_ti
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     with _device_guard(q.device):
         delta = _delta(o, do, variant)
+        if dlse is not None:
+            delta = (delta - dlse.float()).contiguous()
         if variant.atomic_dq:
             dq_acc = torch.zeros((Z, L, E), device=q.device, dtype=torch.float32)  # (Z, L, E), summed by atomics
         else:
@@ -824,17 +848,19 @@ class _FlashAttention(torch.autograd.Function):
     """Saves q, k, v, the output and the logsumexp: nothing of size L × S."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, variant):
-        o, lse = _forward(q, k, v, causal, scale, variant=variant)
+    def forward(ctx, q, k, v, causal, scale, variant, window=None):
+        o, lse = _forward(q, k, v, causal, scale, variant=variant, window=window)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale, ctx.variant = causal, scale, variant
-        return o
+        ctx.set_materialize_grads(False)  # an unused lse brings None, not a tensor of zeros to subtract
+        return o, lse * LN_2  # the natural-log logsumexp, (Z, L) float32
 
     @staticmethod
-    def backward(ctx, do):
+    def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, variant=ctx.variant)
-        return dq, dk, dv, None, None, None
+        do = torch.zeros_like(o) if do is None else do
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, variant=ctx.variant, dlse=dlse)
+        return dq, dk, dv, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -852,7 +878,7 @@ def _check(q, k, v, mask):
     if mask is not None:
         raise ValueError(
             "flash_attention takes no mask: its kernel knows only causal=True. For a boolean or additive mask use "
-            "attn.attention(q, k, v, mask) or attn.tiled_attention"
+            "attn.attention(q, k, v, mask) or lib.tiles.tiled_attention"
         )
     devices = {n: x.device for n, x in named.items()}
     if len(set(devices.values())) > 1:
@@ -912,8 +938,9 @@ def _check_variant(variant, deterministic):
     return variant
 
 
-def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, deterministic=False, variant=None):
-    """FlashAttention-2 in Triton: softmax(q kᵀ · scale) v without the (..., L, S) matrix (chapter 8).
+def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, deterministic=False, variant=None,
+                    return_lse=False, window=None):
+    """FlashAttention-2 in Triton: softmax(q kᵀ · scale) v without the (..., L, S) matrix (chapter 9).
 
     q (..., L, E), k (..., S, E), v (..., S, Ev) torch tensors on a CUDA GPU, in float16, bfloat16 or float32,
     batch dims broadcast; returns (..., L, Ev) in the inputs' dtype. Any L and S (not only multiples of the tile
@@ -921,7 +948,14 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
     ``"top-left"``) lets query i attend keys j <= i (as :func:`lib.attention.attention`; ``"bottom-right"`` is the same
     when L == S and refused otherwise), and key tiles wholly in a query
     tile's future are skipped, not computed. ``scale`` defaults to 1/sqrt(E). There is no ``mask``: for other
-    masks use :func:`lib.attention.attention`. A query with no key (S = 0) gets zeros.
+    masks use :func:`lib.attention.attention`. A query with no key (S = 0) gets zeros. Any finite scale: a
+    negative one is run as the positive scale on -q, and 0 (every allowed key weighs the same) as scale 1 on 0·q,
+    so the kernel's running maximum is always a maximum and no masked score becomes -inf · 0.
+
+    ``return_lse=True`` returns ``(out, lse)``: lse (..., L) float32 is each row's natural-log logsumexp of its
+    allowed scaled scores, log Σ_j exp(scale · q·k_j) (-inf for a row with no key), so that (out, lse) is the
+    attention state of :mod:`lib.merge` and merges with :func:`lib.merge.merge_states`. It is differentiable
+    too: a gradient flowing into lse reaches q and k.
 
     The backward pass sums dQ with float32 atomic adds, in no fixed order, so dQ's last bits can differ from run
     to run on a GPU; ``deterministic=True`` runs the two-kernel backward instead (7 matrix products instead of 5,
@@ -933,6 +967,10 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
     no TF32), far slower: the kernel is built for half precision. Differentiable: the backward pass recomputes each tile's
     weights from the saved row logsumexp, so training saves nothing of size L × S. On a CPU the kernels run in
     Triton's interpreter if TRITON_INTERPRET=1 was set before Triton was first imported (not for bfloat16).
+
+    ``window`` (with ``causal=True``) is a sliding window: query i sees keys i - window < j <= i, and key tiles
+    wholly older than a query tile's window are skipped, so the work grows like L × window (chapter 12). The
+    window has a forward pass only: with it, inputs that require gradients raise.
     """
     batch, L, S, E, Ev = _check(q, k, v, mask)
     offset = _check_causal(causal, L, S)  # None, or the diagonal's offset: 0 is top-left
@@ -940,17 +978,38 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
         raise ValueError(
             f"flash_attention's kernel aligns the causal pattern top-left (query i sees keys j <= i); "
             f"causal={causal!r} with L={L} queries and S={S} keys needs the offset {offset}: use "
-            "lib.attention.flash_decode (the last L of S tokens) or lib.attention.attention"
+            "lib.flash_decode.flash_decode (the last L of S tokens) or lib.attention.attention"
         )
     causal = offset == 0
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int):
+            raise TypeError(f"window must be an integer or None, got {type(window).__name__}")
+        if window < 1:
+            raise ValueError(f"window must be at least 1 (keys a query sees, itself included), got {window}")
+        if not causal:
+            raise ValueError("window needs causal=True: the window is the last `window` keys up to each query")
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+            raise NotImplementedError("flash_attention's window has a forward pass only: call it under "
+                                      "torch.no_grad(), or use lib.tiles.tiled_attention(..., window=)")
     scale = _check_scale(scale, E)
     variant = _check_variant(variant, deterministic)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be True or False; got {return_lse!r}")
     Z = math.prod(batch)
     if Z == 0 or L == 0 or S == 0:  # nothing to attend, or nobody asking: zeros, still tied to the inputs
         zero = q.sum() * 0 + k.sum() * 0 + v.sum() * 0
-        return zero + torch.zeros(batch + (L, Ev), dtype=q.dtype, device=q.device)
+        out = zero + torch.zeros(batch + (L, Ev), dtype=q.dtype, device=q.device)
+        if not return_lse:
+            return out
+        return out, zero.float() + torch.full(batch + (L,), -math.inf, device=q.device)
     q3 = q.expand(batch + (L, E)).reshape(Z, L, E)  # (Z, L, E), a view whenever the batch dims allow
     k3 = k.expand(batch + (S, E)).reshape(Z, S, E)  # (Z, S, E)
     v3 = v.expand(batch + (S, Ev)).reshape(Z, S, Ev)  # (Z, S, Ev)
-    out = _FlashAttention.apply(q3, k3, v3, bool(causal), scale, variant)  # (Z, L, Ev)
+    if scale < 0:  # scale · q·k = |scale| · (-q)·k: the kernel's maximum stays a maximum
+        q3, scale = -q3, -scale
+    elif scale == 0:  # every score 0: scale 1 on 0·q keeps the masked -inf scores -inf (no -inf · 0)
+        q3, scale = q3 * 0, 1.0
+    out, lse = _FlashAttention.apply(q3, k3, v3, bool(causal), scale, variant, window)  # (Z, L, Ev), (Z, L)
+    if return_lse:
+        return out.reshape(batch + (L, Ev)), lse.reshape(batch + (L,))
     return out.reshape(batch + (L, Ev))

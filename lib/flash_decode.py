@@ -30,15 +30,23 @@ import numbers
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
+
+try:
+    import triton
+    import triton.language as tl
+except ModuleNotFoundError as err:
+    if err.name != "triton":
+        raise
+    raise ModuleNotFoundError(
+        "lib.flash_decode needs Triton: `pip install triton` (CUDA builds of PyTorch, and Colab, ship it)",
+        name="triton") from None
 
 from lib import cost
 from lib import flash as _flash
 from lib.backend import _check_scale
 from lib.cost import choose_num_splits
 
-__all__ = ["choose_num_splits", "flash_decode", "flash_decode_paged", "flash_decode_partials", "split_count"]
+__all__ = ["flash_decode", "flash_decode_paged", "flash_decode_partials", "split_count"]
 
 INTERPRETED = _flash.INTERPRETED
 LOG2_E = _flash.LOG2_E
@@ -142,7 +150,7 @@ def _decode_split(
     S_ALL, L, G, HKV, NUM_SPLITS, qk_scale,
     E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, PAGED: tl.constexpr,
     PAGE: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, VARLEN: tl.constexpr = False,
 ):
     row_block = tl.program_id(0)
     z = tl.program_id(1).to(tl.int64)  # batch · key/value head
@@ -166,7 +174,10 @@ def _decode_split(
         K_h = K + h_kv * sk_h
         V_h = V + h_kv * sv_h
     else:
-        S = S_ALL
+        if VARLEN:  # per-sequence cache lengths (flash-attn's cache_seqlens): sequence b holds its first LENS[b]
+            S = tl.load(LENS + b)
+        else:
+            S = S_ALL
         TABLE_b = TABLE
         K_h = K + b * sk_b + h_kv * sk_h
         V_h = V + b * sv_b + h_kv * sv_h
@@ -278,14 +289,19 @@ def _sms(device):
 def split_count(B, H, L, Hkv, S, *, sms=None, tiles=None):
     """The slices ``num_splits=None`` gives (B, H, L) queries against (B, Hkv, S) keys, on ``sms`` SMs (default:
     DEFAULT_GPU's). The programs of one slice are B · Hkv · ⌈G · L / row tile⌉; see :func:`choose_num_splits`."""
+    B, H, L, Hkv = (cost._count(n, x) for n, x in (("B", B), ("H", H), ("L", L), ("Hkv", Hkv)))
+    S = cost._count("S", S, 0)
+    if H % Hkv:
+        raise ValueError(f"H={H} query heads are not a multiple of Hkv={Hkv} key/value heads")
     tiles = tiles or _tiles()
     programs = B * Hkv * triton.cdiv((H // Hkv) * L, _row_block((H // Hkv) * L))
     sms = cost.gpu(DEFAULT_GPU).sms if sms is None else sms
     return choose_num_splits(max(1, programs), S, sms, min_keys=tiles.min_keys)
 
 
-def _launch(q, k, v, out, num_splits, scale, direct, paged=None, tiles=None):
-    """Run the split kernel (and, unless ``direct``, the merge). Returns the partial states and the merged lse."""
+def _launch(q, k, v, out, num_splits, scale, direct, paged=None, tiles=None, lens=None):
+    """Run the split kernel (and, unless ``direct``, the merge). Returns the partial states and the merged lse.
+    ``lens``, an int32 (B,) tensor on q's device, gives each sequence of a dense cache its own length."""
     tiles = tiles or _tiles(q.device)
     B, H, L, E = q.shape
     Ev = v.shape[-1]
@@ -297,8 +313,10 @@ def _launch(q, k, v, out, num_splits, scale, direct, paged=None, tiles=None):
     f32 = {"device": q.device, "dtype": torch.float32}
     o_part = torch.empty((0,) if direct else (B * Hkv, num_splits, rows, Ev), **f32)
     lse_part = torch.empty((0,) if direct else (B * Hkv, num_splits, rows), **f32)
-    if paged is None:  # the table and lengths are not read: any int32 tensor will do
-        table = lens = torch.zeros(1, dtype=torch.int32, device=q.device)
+    varlen = paged is None and lens is not None
+    if paged is None:  # the table (and without varlen the lengths) is not read: any int32 tensor will do
+        table = torch.zeros(1, dtype=torch.int32, device=q.device)
+        lens = table if lens is None else lens
         st_b, page, S = 0, 1, k.shape[2]
     else:
         table, lens, page = paged
@@ -310,7 +328,7 @@ def _launch(q, k, v, out, num_splits, scale, direct, paged=None, tiles=None):
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), st_b,
         S, L, G, Hkv, num_splits, scale * LOG2_E,
         E=E, EV=Ev, BLOCK_E=_flash._head_block(E), PAGED=paged is not None, PAGE=page, DIRECT=direct,
-        PRECISION=_flash._precision(q.dtype), BLOCK_N=tiles.block_n, **common, **options,
+        PRECISION=_flash._precision(q.dtype), BLOCK_N=tiles.block_n, VARLEN=varlen, **common, **options,
     )
     if direct:
         return None, None, None
@@ -341,7 +359,7 @@ def _check_tensors(fn, named):
     if torch.is_grad_enabled() and any(x.requires_grad for x in named.values()):
         grad = next(n for n, x in named.items() if x.requires_grad)
         raise ValueError(f"{grad} requires grad, but {fn} is not differentiable (it is for inference): run it under "
-                         "torch.no_grad(), or use lib.attention.flash_attention to train")
+                         "torch.no_grad(), or use lib.flash.flash_attention to train")
     q = named["q"]
     if q.dtype not in DTYPES:
         raise TypeError(f"{fn} computes in float16, bfloat16 or float32; got {q.dtype}")
@@ -417,7 +435,41 @@ def _decode(q, k, v, num_splits, scale, fn, lengths=None):
     return out, scale, num_splits
 
 
-def flash_decode(q, k, v, *, num_splits=None, scale=None):
+def _check_seqlens(cache_seqlens, B, L, S, device):
+    """cache_seqlens as an int32 (B,) tensor on ``device``, each between L and S, or None; names what is wrong."""
+    if cache_seqlens is None:
+        return None
+    if isinstance(cache_seqlens, bool):
+        raise TypeError("cache_seqlens must be an integer or one integer per sequence, got a bool")
+    if isinstance(cache_seqlens, numbers.Integral):
+        values = [int(cache_seqlens)] * B
+    elif isinstance(cache_seqlens, torch.Tensor):
+        if cache_seqlens.is_floating_point() or cache_seqlens.is_complex() or cache_seqlens.dtype == torch.bool:
+            raise TypeError(f"cache_seqlens must hold integers, got dtype {cache_seqlens.dtype}")
+        if cache_seqlens.ndim != 1 or cache_seqlens.shape[0] != B:
+            raise ValueError(f"cache_seqlens must have shape (B,) = ({B},), one length per sequence of q; got "
+                             f"{tuple(cache_seqlens.shape)}")
+        values = cache_seqlens.tolist()
+    else:
+        try:
+            values = list(cache_seqlens)
+        except TypeError:
+            raise TypeError(f"cache_seqlens must be an integer, a sequence of B integers or an integer tensor; got "
+                            f"{type(cache_seqlens).__name__}") from None
+        if any(isinstance(n, bool) or not isinstance(n, numbers.Integral) for n in values):
+            raise TypeError(f"cache_seqlens must hold integers, got {values!r}")
+        if len(values) != B:
+            raise ValueError(f"cache_seqlens has {len(values)} lengths but q has B={B} sequences: one length each")
+    for b, n in enumerate(values):
+        if not L <= n <= S:
+            raise ValueError(f"cache_seqlens[{b}] = {n} is outside [L, S] = [{L}, {S}]: each sequence holds at least "
+                             "its L new queries' tokens, and at most the S rows k and v have")
+    if isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.device == device:
+        return cache_seqlens.to(torch.int32).contiguous()  # already on the device: no copy from the host
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def flash_decode(q, k, v, *, cache_seqlens=None, num_splits=None, scale=None):
     """Attention of a few new queries to a long key cache, split over the keys (Flash-Decoding; chapter 11).
 
     q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev) torch tensors on a CUDA GPU in float16, bfloat16 or
@@ -432,12 +484,19 @@ def flash_decode(q, k, v, *, num_splits=None, scale=None):
     the GPU's SM count (on a CPU, the SM count of an H100). 1 <= num_splits <= S; slices that fall wholly past S
     when S is short are empty and weigh nothing in the merge. With one slice the kernel writes the output
     directly and the merge is skipped. Not differentiable: it is for inference.
+
+    ``cache_seqlens`` gives each sequence its own cache length, as flash-attn's ``flash_attn_with_kvcache``: an
+    integer, a sequence of B integers or an integer (B,) tensor, each between L and S. Sequence b then holds its
+    first ``cache_seqlens[b]`` rows of k and v, its L new queries are the last L of those tokens, and the rows
+    past its length are never read. It is read per sequence, never paired with the heads.
     """
     _check_tensors("flash_decode", {"q": q, "k": k, "v": v})
+    B, _, L, _, S = _check_heads(q, k, v, "flash_decode")[:5]
+    lens = _check_seqlens(cache_seqlens, B, L, S, q.device)
     out, scale, num_splits = _decode(q, k, v, num_splits, scale, "flash_decode")
     if scale is None:  # nothing to compute
         return out
-    _launch(q, k, v, out, num_splits, scale, direct=num_splits == 1)
+    _launch(q, k, v, out, num_splits, scale, direct=num_splits == 1, lens=lens)
     return out
 
 
@@ -479,13 +538,17 @@ def flash_decode_paged(q, caches, *, num_splits=None, scale=None):
     its own length S_b >= L. The kernel finds the physical page of logical key j of sequence b at
     ``block_table[b][j // page_size]``, row ``j % page_size``: the keys are never gathered into one tensor.
     ``num_splits`` counts slices per sequence (each sequence's keys are cut into that many); by default chosen
-    for the longest. Returns (B, H, L, Ev) in q's dtype.
+    for the longest. Returns (B, H, L, Ev) in q's dtype. The block tables and lengths are read where the caches
+    keep them on the device (:attr:`lib.paged.PagedKVCache.device_block_table`): nothing is built on the host.
     """
     from lib.paged import PagedKVCache
 
-    caches = list(caches) if not isinstance(caches, PagedKVCache) else [caches]
+    try:
+        caches = list(caches) if not isinstance(caches, PagedKVCache) else [caches]
+    except TypeError:
+        raise TypeError(f"caches must be a list of lib.paged.PagedKVCache, got {type(caches).__name__}") from None
     if not caches or not all(isinstance(c, PagedKVCache) for c in caches):
-        raise TypeError("flash_decode_paged takes a list of lib.paged.PagedKVCache, one per sequence of q")
+        raise TypeError("flash_decode_paged's caches must be a list of lib.paged.PagedKVCache, one per sequence of q")
     pool = caches[0].pool
     if any(c.pool is not pool for c in caches):
         raise ValueError("the caches must share one PagePool: the kernel reads a single pool of pages")
@@ -507,11 +570,9 @@ def flash_decode_paged(q, caches, *, num_splits=None, scale=None):
     out, scale, num_splits = _decode(q, k_view, v_view, num_splits, scale, "flash_decode_paged", lengths=lengths)
     if scale is None:
         return out
-    width = max(len(c.block_table) for c in caches)
-    table = torch.zeros((len(caches), width), dtype=torch.int32)
-    for b, c in enumerate(caches):
-        table[b, : len(c.block_table)] = torch.tensor(c.block_table, dtype=torch.int32)
-    table = table.to(q.device)
-    lens = torch.tensor(lengths, dtype=torch.int32, device=q.device)
+    # The caches keep their block tables and lengths on the device, updated as they grow: stacking them is a
+    # copy on the device, with nothing built on the host or copied from it at decode time.
+    table = torch.stack([c.device_block_table for c in caches])  # (B, num_pages) int32
+    lens = torch.cat([c.device_length for c in caches])  # (B,) int32
     _launch(q, K, V, out, num_splits, scale, direct=num_splits == 1, paged=(table, lens, pool.page_size))
     return out

@@ -23,7 +23,7 @@ from lib.backend import (
     _apply_mask,
     _backend,
     _causal_pattern,
-    _check_flag,
+    _check_causal,
     _compute_dtype,
     _prepare,
     _shape,
@@ -51,12 +51,13 @@ def attention_state(q, k, v, mask=None, *, causal=False, scale=None):
     logsumexp of its allowed scores, log sum_j exp(score_j), in float32 for half-precision input and the caller's
     dtype otherwise. A row with no allowed key (all masked, or S = 0) gets zeros and lse = -inf, which the merge
     treats as "no keys". ``mask``: boolean, True where a query may attend a key (as SDPA; the opposite of
-    ``nn.MultiheadAttention``), or floating, added to the scores. ``causal=True`` lets query i attend keys j <= i.
+    ``nn.MultiheadAttention``), or floating, added to the scores. ``causal`` as in :func:`lib.attention.attention`:
+    True or ``"top-left"`` lets query i attend keys j <= i, ``"bottom-right"`` keys j <= i + S - L.
     """
     ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale)
-    _check_flag(causal, "causal")
+    causal = _check_causal(causal, L, S)  # None, or the offset of the causal diagonal
     scores = (q * scale) @ k.swapaxes(-1, -2)  # (..., L, S)
-    allowed = _causal_pattern(ops, range(L), range(S), q) if causal else None
+    allowed = None if causal is None else _causal_pattern(ops, range(L), range(S), q, causal)
     scores = _apply_mask(ops, scores, mask, allowed)
     if S:
         m = ops.amax(scores, -1)  # (..., L, 1)
@@ -74,14 +75,28 @@ def attention_state(q, k, v, mask=None, *, causal=False, scale=None):
 
 
 def _check_states(states):
-    states = list(states)
+    try:
+        states = None if isinstance(states, (str, bytes)) else list(states)
+    except TypeError:
+        states = None
+    if states is None:
+        raise TypeError("states must be an iterable of (out, lse) pairs")
     if not states:
         raise ValueError("merge_states needs at least one (out, lse) state, got none")
     for i, state in enumerate(states):
         if not isinstance(state, (tuple, list)) or len(state) != 2:
-            raise TypeError(f"state {i} must be a pair (out, lse), got {type(state).__name__}")
+            raise TypeError(f"states[{i}] must be a pair (out, lse), got {type(state).__name__}")
     named = {f"out{i}": s[0] for i, s in enumerate(states)} | {f"lse{i}": s[1] for i, s in enumerate(states)}
+    for name, x in named.items():
+        if x is None:
+            raise TypeError(f"{name} is None: a state is a pair of arrays (out, lse)")
     ops = _backend(named)
+    if ops is _NUMPY:  # plain lists and scalars are read as NumPy arrays
+        try:
+            named = {name: np.asarray(x) for name, x in named.items()}
+        except (ValueError, TypeError) as err:
+            raise TypeError(f"a state could not be read as numeric arrays: {err}") from None
+        states = [(named[f"out{i}"], named[f"lse{i}"]) for i in range(len(states))]
     for name, x in named.items():
         floating = getattr(x.dtype, "is_floating_point", None)  # torch dtypes answer; NumPy's go by their kind
         if not (floating if floating is not None else np.dtype(x.dtype).kind == "f"):

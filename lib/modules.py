@@ -9,9 +9,7 @@ Two pairs of mirrored twins with the same parameter names and the same arithmeti
     TorchMultiHeadAttention  its twin, calling scaled_dot_product_attention on 4-D inputs
 
 The NumPy twins live here, and this module imports without torch. The ``torch.nn`` twins live in :mod:`lib.nn`,
-which imports torch at its top; ``lib.modules.TorchSelfAttention`` and the other torch names
-(``TorchMultiHeadAttention``, ``to_multihead_attention``, ``from_multihead_attention``) still work from here, and
-import :mod:`lib.nn` the first time they are asked for.
+which imports torch at its top, and are imported from there alone: ``from lib.nn import TorchMultiHeadAttention``.
 
 Shape vocabulary, as in :mod:`lib.attention`, plus the sizes of the projections and the heads::
 
@@ -31,10 +29,10 @@ Weights are stored as the book writes them, (in, out), so a projection is ``x @ 
 (out, in) layout of ``torch.nn.Linear`` and of ``nn.MultiheadAttention``'s ``in_proj_weight``.
 Masks follow :mod:`lib.attention`: a boolean mask is True where a query MAY attend a key (the opposite of
 ``nn.MultiheadAttention``), a floating mask is added to the scores. The multi-head functions and modules take a
-mask in one of two layouts: (..., L, S), shared by every head (a (B, 1, S) padding mask of
-:func:`lib.attention.padding_mask` is one), or (..., 1 or H, L, S), one more dimension than that, per head:
-the 4-D (B, 1 or H, L, S) of ``scaled_dot_product_attention`` and Hugging Face, which also carries per-head
-biases such as ALiBi's.
+mask in one of two layouts: (..., L, S), shared by every head (``padding_mask(lengths, S, heads=False)``, (B, 1,
+S), is one), or (..., 1 or H, L, S), one more dimension than that, per head: the 4-D (B, 1 or H, L, S) of
+``scaled_dot_product_attention`` and Hugging Face (``padding_mask``'s default (B, 1, 1, S) is one), which also
+carries per-head biases such as ALiBi's. Either way a padding mask is read per sequence.
 
 ``causal`` takes False (the default), True, ``"top-left"`` or ``"bottom-right"`` everywhere in the library. In
 :func:`grouped_attention`, a function of q, k and v, True means ``"top-left"``, as ``is_causal=True`` in
@@ -59,10 +57,9 @@ from lib.backend import (
     _check_causal,
     _check_mask,
     _compute_dtype,
+    _is_tensor,
 )
 
-# The torch names (TorchSelfAttention, TorchMultiHeadAttention, to_multihead_attention, from_multihead_attention)
-# are public too; they live in lib.nn and are fetched from there on first access by __getattr__ below.
 __all__ = [
     "MultiHeadAttention",
     "SelfAttention",
@@ -109,6 +106,30 @@ def _shapes(d_model, d_k, d_v, d_out):
     if d_out is not None:
         shapes["w_o"] = (d_v, d_out)
     return shapes
+
+
+def _numpy_input(x, module, twin, name="x"):
+    """x as a floating NumPy array for a NumPy module; a torch tensor is refused with the twin's name."""
+    if _is_tensor(x):
+        raise TypeError(f"{name} is a torch.Tensor but {module} is the NumPy module: use lib.nn.{twin}, or pass "
+                        f"{name}.numpy()")
+    try:
+        x = np.asarray(x)
+    except (ValueError, TypeError) as err:
+        raise TypeError(f"{name} could not be read as a numeric array: {err}") from None
+    if x.dtype.kind not in "fiu":
+        raise TypeError(f"{name} has dtype {x.dtype}; the module needs real floating-point or integer input")
+    return x
+
+
+def _generator(rng):
+    """numpy.random.default_rng(rng), with an error naming rng for anything it cannot seed from."""
+    if rng is not None and not isinstance(rng, (np.random.Generator, numbers.Integral)) or isinstance(rng, bool):
+        raise TypeError(f"rng must be None, a non-negative integer seed or a numpy.random.Generator, got "
+                        f"{type(rng).__name__}")
+    if isinstance(rng, numbers.Integral) and rng < 0:
+        raise ValueError(f"rng must be a non-negative integer seed, got {rng}")
+    return np.random.default_rng(rng)
 
 
 def _check_input(x, d_model, name="x", length="L"):
@@ -185,6 +206,19 @@ def _load_numpy_state(module, state, expected):
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _array(x, name="x"):
+    """A torch tensor as it is; anything else as a NumPy array, refused by name if it is not numeric."""
+    if _is_tensor(x):
+        return x
+    try:
+        x = np.asarray(x)
+    except (ValueError, TypeError) as err:
+        raise TypeError(f"{name} could not be read as a numeric array: {err}") from None
+    if x.dtype.kind not in "fiub":
+        raise TypeError(f"{name} has dtype {x.dtype}; a numeric array or a torch tensor is needed")
+    return x
+
+
 def split_heads(x, n_heads):
     """(..., L, H·d) -> (..., H, L, d): head i gets columns i·d to (i+1)·d - 1 of the last axis (chapter 10).
 
@@ -192,6 +226,7 @@ def split_heads(x, n_heads):
     token axis, so that every head's (L, d) block is one matrix of a batch. NumPy arrays or torch tensors.
     """
     n_heads = _check_size(n_heads, "n_heads")
+    x = _array(x)
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., L, H·d), at least 2-D; got shape {tuple(x.shape)}")
     *batch, L, width = x.shape
@@ -202,6 +237,7 @@ def split_heads(x, n_heads):
 
 def merge_heads(x):
     """(..., H, L, d) -> (..., L, H·d), the inverse of :func:`split_heads`: each token's heads side by side (chapter 10)."""
+    x = _array(x)
     if x.ndim < 3:
         raise ValueError(f"x must have shape (..., H, L, d), at least 3-D; got shape {tuple(x.shape)}")
     *batch, H, L, d = x.shape
@@ -341,6 +377,10 @@ def _heads_to_attend(module, x, context, cache, check_context, rotate):
     static (``KVCache(static=True)``): the first call stores the context's keys and values, and later calls read
     them without projecting the context again. ``check_context`` validates a context."""
     q = split_heads(x @ module.w_q, module.n_heads)  # (..., H, L, d)
+    if cache is not None and not all(hasattr(cache, a) for a in ("append", "static", "__len__")):  # a KVCache
+        raise TypeError(f"cache must be a lib.decoding.KVCache or None, got {type(cache).__name__}")
+    if rotate is not None and not callable(rotate):
+        raise TypeError(f"rotate must be a function rotate(t, start) or None, got {type(rotate).__name__}")
     static = cache is not None and cache.static
     if context is None:
         if static:
@@ -395,7 +435,7 @@ class SelfAttention:
 
     def __init__(self, d_model, d_k, d_v=None, d_out=None, *, rng=None, dtype=np.float32):
         self.d_model, self.d_k, self.d_v, self.d_out = _check_dims(d_model, d_k, d_v, d_out)
-        rng = np.random.default_rng(rng)
+        rng = _generator(rng)
         for name, (fan_in, fan_out) in _shapes(self.d_model, self.d_k, self.d_v, self.d_out).items():
             a = xavier_bound(fan_in, fan_out)
             setattr(self, name, rng.uniform(-a, a, size=(fan_in, fan_out)).astype(dtype))
@@ -423,7 +463,7 @@ class SelfAttention:
         ``mask`` and ``causal`` are passed to :func:`lib.attention.attention` (boolean True = may attend;
         ``causal`` False, True or ``"top-left"``, or ``"bottom-right"``, which agree here since L = S).
         """
-        x = np.asarray(x)
+        x = _numpy_input(x, "SelfAttention", "TorchSelfAttention")
         _check_input(x, self.d_model)
         q, k, v = x @ self.w_q, x @ self.w_k, x @ self.w_v  # (..., L, E), (..., L, E), (..., L, Ev)
         # without weights the library takes its cheaper path, so the output is exactly attn.attention's
@@ -447,7 +487,7 @@ class MultiHeadAttention:
     def __init__(self, d_model, n_heads, n_kv_heads=None, *, rng=None, dtype=np.float32):
         self.d_model, self.n_heads, self.n_kv_heads = _check_heads(d_model, n_heads, n_kv_heads)
         self.d_head = self.d_model // self.n_heads
-        rng = np.random.default_rng(rng)
+        rng = _generator(rng)
         for name, (fan_in, fan_out) in _head_shapes(self.d_model, self.n_heads, self.n_kv_heads).items():
             a = xavier_bound(fan_in, fan_out)
             setattr(self, name, rng.uniform(-a, a, size=(fan_in, fan_out)).astype(dtype))
@@ -483,7 +523,7 @@ class MultiHeadAttention:
         queries (..., H, L, d) and the new keys (..., Hkv, L, d), whose first token is at position ``start`` (the
         cache's length, else 0), before the keys are cached: where rotary position embeddings plug in.
         """
-        x = np.asarray(x)
+        x = _numpy_input(x, "MultiHeadAttention", "TorchMultiHeadAttention")
         _check_input(x, self.d_model)
         check = lambda c: _check_context(np.asarray(c), x, self.d_model)
         q, k, v, follows_cache = _heads_to_attend(self, x, context, cache, check, rotate)  # q (..., H, L, d)
@@ -494,25 +534,3 @@ class MultiHeadAttention:
         out, weights = out if return_weights else (out, None)
         out = merge_heads(out) @ self.w_o  # (..., L, D)
         return (out, weights) if return_weights else out
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The torch twins live in lib.nn, which imports torch; they are fetched from there when first asked for
-# --------------------------------------------------------------------------------------------------------------
-
-_TORCH_NAMES = ("TorchSelfAttention", "TorchMultiHeadAttention", "to_multihead_attention", "from_multihead_attention")
-
-
-def __getattr__(name):
-    if name in _TORCH_NAMES:
-        from lib import nn as torch_room  # imports torch
-
-        value = getattr(torch_room, name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    """The module's names with the torch ones, which exist once asked for (so help() and the API page list them)."""
-    return sorted(set(globals()) | set(_TORCH_NAMES))

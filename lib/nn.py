@@ -19,12 +19,13 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
 from lib import attention as attn
-from lib.backend import _causal_pattern, _check_causal, _TorchOps
+from lib.backend import _causal_pattern, _check_causal, _check_flag, _TorchOps
 from lib.modules import (
     MultiHeadAttention,
     SelfAttention,
@@ -64,6 +65,16 @@ def _check_torch_input(x, weight, name, numpy_twin):
         raise ValueError(f"{name} has dtype {x.dtype} but the module's weights are {weight.dtype}: convert one")
 
 
+def _torch_mask(mask, x):
+    """The caller's mask as a tensor on x's device: NumPy masks (such as lib.attention.padding_mask's for NumPy
+    lengths) are converted; anything else that is not a tensor is refused, naming the argument."""
+    if mask is None or isinstance(mask, torch.Tensor):
+        return mask
+    if isinstance(mask, np.ndarray):
+        return torch.as_tensor(mask, device=x.device)
+    raise TypeError(f"mask must be a torch.Tensor, a NumPy array or None, got {type(mask).__name__}")
+
+
 class TorchSelfAttention(nn.Module):
     """Single-head self-attention as a ``torch.nn.Module``: x (..., L, D) -> output (..., L, Do) (chapter 6).
 
@@ -101,6 +112,8 @@ class TorchSelfAttention(nn.Module):
         """
         _check_torch_input(x, self.w_q, "x", "SelfAttention")
         _check_input(x, self.d_model)
+        mask = _torch_mask(mask, x)
+        _check_flag(return_weights, "return_weights")
         q, k, v = x @ self.w_q, x @ self.w_k, x @ self.w_v  # (..., L, E), (..., L, E), (..., L, Ev)
         if self.training and self.dropout > 0:
             weights = attn.attention_weights(q, k, mask, causal=causal)  # (..., L, L)
@@ -154,6 +167,8 @@ class TorchMultiHeadAttention(nn.Module):
         """
         _check_torch_input(x, self.w_q, "x", "MultiHeadAttention")
         _check_input(x, self.d_model)
+        mask = _torch_mask(mask, x)
+        _check_flag(return_weights, "return_weights")
 
         def check(context):
             _check_torch_input(context, self.w_q, "context", "MultiHeadAttention")
@@ -240,6 +255,9 @@ def to_multihead_attention(module):
     d_out must be d_model too). It keeps the module's dropout probability (0 for the NumPy modules), which acts
     only while it trains. Call it as ``mha(x, x, x)``; its masks use True = may NOT attend.
     """
+    if not isinstance(module, (SelfAttention, MultiHeadAttention, TorchSelfAttention, TorchMultiHeadAttention)):
+        raise TypeError(f"module must be a SelfAttention, MultiHeadAttention or one of their torch twins, got "
+                        f"{type(module).__name__}")
     D = module.d_model
     n_heads = getattr(module, "n_heads", None)
     if n_heads is None:

@@ -7,11 +7,13 @@ The reading convention (README, "Chapter conventions"): a cell the reader must r
 prints their result; the checks that prove the prose sit in the next cell, tagged ``check``, inside
 ``with checks(...) as check:``, which prints one line such as "✓ 4 checks against PyTorch". ``ROLES`` maps each
 role tag to the fold the book shows and the prompts on it; ``tools/refresh_notebooks.py`` writes them into the cells.
+``reading_surface`` measures what a reader must read in a notebook against a learner's ``BUDGET``.
 """
 
 from __future__ import annotations
 
 import numbers
+import re
 from contextlib import contextmanager
 
 try:  # the book build and the tests have myst-nb; Colab does not
@@ -122,3 +124,86 @@ def use_book_style():
             ),
         }
     )
+
+
+# ------------------------------------------------------------------------------------- what a reader has to read
+
+#: A learner's budget per chapter (README, "Chapter conventions"; tests/test_chapters.py enforces it).
+BUDGET = {"prose_words": 4500, "visible_code_lines": 260, "longest_visible_cell": 25, "figures": 3}
+#: Tags under which a reader does not see a cell's code until a fold is opened (or never).
+FOLDED_CODE = ("hide-input", "hide-cell", "remove-input", "remove-cell")
+#: Reading pace behind the reading times of the landing page: prose words and visible code lines per minute.
+WORDS_PER_MINUTE, CODE_LINES_PER_MINUTE = 200, 10
+
+_DROPDOWN = re.compile(  # a MyST admonition folded as a dropdown, up to its own closing fence
+    r"^(?P<fence>:{3,}|`{3,})\s*\{admonition\}[^\n]*\n(?:[ \t]*:[\w-]+:[^\n]*\n)*?[ \t]*:class:[^\n]*\bdropdown\b"
+    r"[\s\S]*?^(?P=fence)[ \t]*$",
+    re.MULTILINE,
+)
+_ROLE = re.compile(r"\{(?P<name>[\w:-]+)\}`[^`\n]*`")  # {glue:text}`name`, {numref}`fig-x`: shown as a word or two
+_NOT_PROSE = re.compile(
+    r"\$\$[\s\S]*?\$\$"  # display math
+    r"|\$[^$\n]*\$"  # inline math
+    r"|(?P<f>`{3,}|~{3,})[\s\S]*?(?P=f)"  # fenced code
+    r"|`[^`\n]*`"  # inline code (and a role's content)
+    r"|\{[\w:-]+\}"  # a role's or directive's name
+)
+_WORD = re.compile(r"[A-Za-z0-9][\w'’.,-]*")
+
+
+def prose_words(markdown):
+    """Words of a Markdown cell in the main reading path: no math, no code, nothing inside a folded dropdown."""
+    text = _DROPDOWN.sub(" ", markdown)
+    text = _ROLE.sub(lambda role: " " if role["name"] == "math" else " 1 ", text)  # a role counts as one word
+    return len(_WORD.findall(_NOT_PROSE.sub(" ", text)))
+
+
+def _text(value):
+    return "".join(value) if isinstance(value, list) else value
+
+
+def reading_surface(notebook):
+    """What a reader of the book must read in one notebook (a dict as ``json.load`` gives it), as a dict:
+
+    ``prose_words`` (Markdown outside folded dropdowns, math and code), ``visible_code_lines`` (non-blank lines of
+    the code cells not folded or removed: ``FOLDED_CODE``), ``longest_visible_cell`` and ``figures`` (numbered,
+    captioned figures: cells that display something, an image or an interactive chart, under a ``mystnb.figure``
+    name ``fig-...`` and a caption).
+    """
+    if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+        raise TypeError("notebook must be a notebook as json.load gives it: a dict with a list of cells")
+    surface = dict.fromkeys(BUDGET, 0)
+    for cell in notebook["cells"]:
+        text = _text(cell.get("source", ""))
+        if cell.get("cell_type") == "markdown":
+            surface["prose_words"] += prose_words(text)
+        if cell.get("cell_type") != "code":
+            continue
+        tags = cell.get("metadata", {}).get("tags", [])
+        if not any(tag in FOLDED_CODE for tag in tags):
+            lines = sum(1 for line in text.splitlines() if line.strip())
+            surface["visible_code_lines"] += lines
+            surface["longest_visible_cell"] = max(surface["longest_visible_cell"], lines)
+        shown = not any(tag in ("remove-output", "remove-cell") for tag in tags)
+        image = any(out.get("output_type") in ("display_data", "execute_result") for out in cell.get("outputs", []))
+        figure = cell.get("metadata", {}).get("mystnb", {}).get("figure", {})
+        named = str(figure.get("name", "")).startswith("fig-") and str(figure.get("caption", "")).strip()
+        surface["figures"] += bool(shown and image and named)
+    return surface
+
+
+def over_budget(surface):
+    """The budget lines a notebook's ``reading_surface`` breaks, as readable sentences (empty when within it)."""
+    limits = {"prose_words": "words of prose", "visible_code_lines": "visible code lines",
+              "longest_visible_cell": "lines in its longest visible code cell"}
+    broken = [f"{surface[key]:,} {what} (at most {BUDGET[key]:,})" for key, what in limits.items()
+              if surface[key] > BUDGET[key]]
+    if surface["figures"] < BUDGET["figures"]:
+        broken.append(f"{surface['figures']} numbered, captioned figures (at least {BUDGET['figures']})")
+    return broken
+
+
+def reading_minutes(surface):
+    """Minutes to read a notebook's main path at ``WORDS_PER_MINUTE`` and ``CODE_LINES_PER_MINUTE``, rounded to 5."""
+    minutes = surface["prose_words"] / WORDS_PER_MINUTE + surface["visible_code_lines"] / CODE_LINES_PER_MINUTE
+    return max(5, 5 * round(minutes / 5))

@@ -106,6 +106,9 @@ class PagedKVCache:
         self.pool = pool
         self._table = []  # physical page of each logical page, in order
         self._length = 0
+        # The same table and length on the pool's device (torch pools): updated by append and release, so that a
+        # decoding kernel reads them there without any copy from the host at decode time (CUDA graphs need that).
+        self._device_table = self._device_length = None
 
     def __len__(self):
         return self._length
@@ -118,6 +121,18 @@ class PagedKVCache:
     def block_table(self):
         """The physical pages holding logical pages 0, 1, ... of this sequence, a tuple of ints."""
         return tuple(self._table)
+
+    @property
+    def device_block_table(self):
+        """The block table on the pool's device: an int32 tensor of ``num_pages`` entries whose first
+        ``len(block_table)`` are the table (the rest are unused); None for a NumPy pool or before the first append.
+        :meth:`append` writes the pages it takes into it, so a decoding step copies nothing from the host."""
+        return self._device_table
+
+    @property
+    def device_length(self):
+        """The cache's length on the pool's device, an int32 tensor of one element (None as for the table)."""
+        return self._device_length
 
     def keys(self):
         """The S cached keys in order, (..., S, E), gathered through the block table; None while the pool is empty."""
@@ -147,6 +162,9 @@ class PagedKVCache:
         New pages are taken from the pool only when the last one is full. If the pool has too few free pages,
         nothing is written and a ValueError says how many are missing.
         """
+        for name, t in (("k", k), ("v", v)):
+            if t is None:
+                raise TypeError(f"{name} is required, got None")
         ops = _backend({"k": k, "v": v})
         if ops is _NUMPY:
             k, v = np.asarray(k), np.asarray(v)
@@ -170,7 +188,21 @@ class PagedKVCache:
                              f"after {self._length} need {needed}: build a larger pool or release finished "
                              "sequences")
         pool._storage_for(k, v)
-        self._table += pool._take(needed)
+        taken = pool._take(needed)
+        if self._device_table is None and not isinstance(pool.key_pages, np.ndarray):
+            import torch
+
+            device = pool.key_pages.device
+            self._device_table = torch.zeros(pool.num_pages, dtype=torch.int32, device=device)
+            self._device_length = torch.zeros(1, dtype=torch.int32, device=device)
+            if self._table:  # pages held before (a cache released and used again keeps none)
+                self._device_table[: len(self._table)] = torch.tensor(self._table, dtype=torch.int32)
+        if taken and self._device_table is not None:
+            import torch
+
+            start = len(self._table)
+            self._device_table[start : start + len(taken)] = torch.tensor(taken, dtype=torch.int32)
+        self._table += taken
         done = 0
         while done < new:  # fill the last page, then whole pages, then the start of the last
             position = self._length + done
@@ -180,6 +212,8 @@ class PagedKVCache:
             pool.value_pages[page, ..., row : row + n, :] = v[..., done : done + n, :]
             done += n
         self._length += new
+        if self._device_length is not None:
+            self._device_length.fill_(self._length)  # the length travels as a kernel argument, not a copy
         return self.keys(), self.values()
 
     def release(self):
@@ -187,6 +221,8 @@ class PagedKVCache:
         self.pool._give_back(self._table)
         self._table = []
         self._length = 0
+        if self._device_length is not None:
+            self._device_length.fill_(0)
 
 
 def _zeros(t, pages, page_size):

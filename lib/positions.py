@@ -12,8 +12,9 @@ score of query i on key j depends on the offset i - j rather than on where the p
   et al. 2022): a floating mask, added to the scores like the masks of :mod:`lib.attention`, with -inf on the keys
   a causal model may not see.
 
-Shapes as in :mod:`lib.attention`: x (..., L, E), E even, positions (L,) or broadcastable to (..., L). NumPy arrays
-or torch tensors, answered in kind, dtype kept.
+Shapes as in :mod:`lib.attention`: x (..., L, E), E even; positions (L,), or (B, L) per sequence (read as
+(B, 1, L) against split heads (B, H, L, E), never paired with the heads), or (..., L) with x's batch dimensions.
+NumPy arrays or torch tensors, answered in kind, dtype kept.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def rope_frequencies(size, base=10000.0):
 def apply_rope(x, positions=None, *, offset=0, base=10000.0):
     """x (..., L, E) with coordinate pairs (2i, 2i+1) of row l rotated by positions[l]·θ_i (chapter 10).
 
-    ``positions`` defaults to offset, offset + 1, ..., offset + L - 1; decoding with a cache passes
+    ``positions`` is (L,), or (B, L) with one row per sequence as Hugging Face's ``position_ids`` (against split
+    heads x (B, H, L, E) row b turns every head of sequence b); it defaults to offset, offset + 1, ...,
+    offset + L - 1; decoding with a cache passes
     ``offset=len(cache)``, the new tokens' place after those already cached. The pairs are adjacent coordinates,
     as in the RoPE paper; some codebases pair coordinate i with i + E/2 instead, which is the same rotation after
     a fixed permutation of the columns of W_Q and W_K. NumPy or torch, dtype kept (the angles are computed in
@@ -65,6 +68,8 @@ def apply_rope(x, positions=None, *, offset=0, base=10000.0):
     if x.ndim < 2:
         raise ValueError(f"x must have shape (..., L, E), at least 2-D; got shape {tuple(x.shape)}")
     L, E = x.shape[-2], x.shape[-1]
+    if E < 2 or E % 2:
+        raise ValueError(f"x has E={E} coordinates (shape {tuple(x.shape)}): RoPE rotates pairs, so E must be even")
     theta = rope_frequencies(E, base)  # (E/2,)
     if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
         raise ValueError(f"offset must be a whole number of tokens >= 0, got {offset!r}")
@@ -77,8 +82,8 @@ def apply_rope(x, positions=None, *, offset=0, base=10000.0):
         if not np.issubdtype(pos.dtype, np.integer):
             raise TypeError(f"positions must be integers, got dtype {pos.dtype}")
         if pos.ndim == 0 or pos.shape[-1] != L:
-            raise ValueError(f"positions must have shape (..., L) with L={L} (the rows of x); got {pos.shape}")
-        pos = pos.astype(np.float64)
+            raise ValueError(f"positions must have shape (L,) or (B, L) with L={L} (the rows of x); got {pos.shape}")
+        pos = _per_sequence(pos, tuple(x.shape)).astype(np.float64)
     if tensor:
         import torch
 
@@ -93,6 +98,27 @@ def apply_rope(x, positions=None, *, offset=0, base=10000.0):
     even, odd = x[..., 0::2], x[..., 1::2]
     rotated = np.stack((even * cos - odd * sin, even * sin + odd * cos), axis=-1)  # (..., L, E/2, 2)
     return rotated.reshape(*rotated.shape[:-2], E)  # (..., L, E)
+
+
+def _per_sequence(pos, shape):
+    """positions (L,), (B, L) or (..., L) laid out against x of ``shape`` (..., L, E).
+
+    (B, L) holds one row of positions per sequence, as Hugging Face's ``position_ids``: against split heads x
+    (B, H, L, E) it is read as (B, 1, L), sequence b's positions on every head of sequence b, never right-aligned
+    into the heads axis. Positions with every batch dimension of x, (..., L), are taken as they are; any other
+    rank is ambiguous and refused."""
+    batch = shape[:-2]
+    if pos.ndim == 2 and len(batch) >= 2:  # (B, L) against (B, H, ..., L, E): one row per sequence
+        pos = pos.reshape((pos.shape[0],) + (1,) * (len(batch) - 1) + (pos.shape[1],))
+    elif 2 < pos.ndim < len(batch) + 1:
+        raise ValueError(f"positions of shape {pos.shape} against x of shape {shape} are ambiguous: give (L,), "
+                         f"(B, L) with one row per sequence, or (..., L) with every batch dimension of x {batch}")
+    try:
+        np.broadcast_shapes(pos.shape, shape[:-1])
+    except ValueError:
+        raise ValueError(f"positions of shape {pos.shape} do not fit x of shape {shape}: give (L,), (B, L) with B "
+                         f"= {shape[0]} sequences, or (..., L) with the batch dimensions of x") from None
+    return pos
 
 
 def alibi_slopes(n_heads):
@@ -134,8 +160,18 @@ def alibi_bias(n_heads, L, S=None, *, like=None):
     bias = np.where(j <= i, bias, -np.inf)
     if like is None:
         return bias
+    if isinstance(like, np.ndarray):
+        if like.dtype.kind != "f":
+            raise TypeError(f"like must hold floating-point numbers (the bias is -inf where a key is hidden), "
+                            f"got dtype {like.dtype}")
+        return bias.astype(like.dtype)
     if not _is_tensor(like):
-        return bias.astype(np.asarray(like).dtype)
+        raise TypeError(f"like must be a NumPy array or a torch tensor whose dtype and device the bias takes, got "
+                        f"{type(like).__module__}.{type(like).__qualname__} (for a dtype d, pass "
+                        "like=torch.empty(0, dtype=d))")
+    if not like.is_floating_point():
+        raise TypeError(f"like must hold floating-point numbers (the bias is -inf where a key is hidden), got dtype "
+                        f"{like.dtype}")
     import torch
 
     return torch.as_tensor(bias, device=like.device).to(like.dtype)

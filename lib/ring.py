@@ -65,12 +65,14 @@ LAYOUTS = ("contiguous", "zigzag")
 
 
 def _check_layout(layout):
-    if layout not in LAYOUTS:
+    if not isinstance(layout, str) or layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
 def _check_split(N, world_size, layout):
     _check_layout(layout)
+    if isinstance(N, bool) or not isinstance(N, numbers.Integral) or N < 0:
+        raise ValueError(f"N must be a whole number of tokens, got {N!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     parts = world_size if layout == "contiguous" else 2 * world_size
@@ -90,20 +92,43 @@ def _runs(n, rank, world_size, layout):
     return [(slice(0, h), rank * h), (slice(h, n), (2 * world_size - 1 - rank) * h)]
 
 
+def _check_rank(rank, world_size):
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
+        raise TypeError(f"rank must be an integer, got {type(rank).__name__}")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be between 0 and world_size - 1 = {world_size - 1}, got {rank}")
+
+
 def positions(N, rank, world_size, layout="contiguous"):
     """The global positions (n,) of the tokens rank ``rank`` holds when N tokens are split over ``world_size``."""
     n = _check_split(N, world_size, layout)
+    _check_rank(rank, world_size)
     return torch.cat([torch.arange(start, start + s.stop - s.start) for s, start in _runs(n, rank, world_size, layout)])
 
 
 def shard(x, rank, world_size, layout="contiguous"):
     """Rank ``rank``'s shard (..., N/P, E) of a whole sequence x (..., N, E), split along the token dim -2."""
-    return x[..., positions(x.shape[-2], rank, world_size, layout), :]  # (..., n, E)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor (..., N, E), got {type(x).__name__}")
+    if x.ndim < 2:
+        raise ValueError(f"x must have shape (..., N, E), at least 2-D; got shape {tuple(x.shape)}")
+    try:
+        where = positions(x.shape[-2], rank, world_size, layout)
+    except ValueError as err:
+        raise ValueError(f"x has shape {tuple(x.shape)}: {err}") from None
+    return x[..., where, :]  # (..., n, E)
 
 
 def unshard(shards, layout="contiguous"):
     """The whole sequence (..., N, E) from the list of every rank's shard (..., n, E), in rank order."""
-    shards = list(shards)
+    try:
+        shards = list(shards) if not isinstance(shards, torch.Tensor) else None
+    except TypeError:
+        shards = None
+    if shards is None:
+        raise TypeError("shards must be a list of every rank's shard")
+    if not shards or not all(isinstance(s, torch.Tensor) and s.ndim >= 2 for s in shards):
+        raise TypeError("shards must be a non-empty list of torch tensors (..., n, E), one per rank")
     P = len(shards)
     lengths = {s.shape[-2] for s in shards}
     if len(lengths) != 1:
@@ -487,33 +512,43 @@ class _RingAttention(torch.autograd.Function):
         out, lse = state
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.setup = (causal, layout, scale, group, rank, P)
-        return out
+        ctx.set_materialize_grads(False)  # an unused lse brings None, not zeros to subtract
+        return out, lse
 
     @staticmethod
-    def backward(ctx, dout):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         causal, layout, scale, group, rank, P = ctx.setup
         n = q.shape[-2]
         qruns = _runs(n, rank, P, layout)
         send_to, recv_from = _peer(group, (rank + 1) % P), _peer(group, (rank - 1) % P)
-        dout = dout.to(q.dtype)
+        dout = torch.zeros_like(out) if dout is None else dout.to(q.dtype)
         D = (dout * out).sum(-1)  # (..., n): the softmax backward's row term, sum_e dout * out
+        if dlse is not None:  # d lse / d score_j = p_j: a gradient on lse enters as D - dlse
+            D = D - dlse.to(D.dtype)
         dq = torch.zeros_like(q)
         kb, vb = k, v
         dkb, dvb = torch.zeros_like(k), torch.zeros_like(v)  # the gradients of the block in hand travel with it
+        grads_in_flight, arriving = None, None  # the previous step's gradient transfer, waited for when needed
         for step in range(P):
             if step < P - 1:
                 requests, (k_next, v_next) = _exchange([kb, vb], send_to, recv_from, group)
             owner = (rank - step) % P
             gq, gk, gv = _block_grads(q, kb, vb, (out, lse), dout, D, qruns, _runs(n, owner, P, layout), causal, scale)
             dq += gq
+            if grads_in_flight is not None:  # this block's gradient sum so far, sent by the previous rank
+                _wait(grads_in_flight)
+                dkb, dvb = arriving
             dkb, dvb = dkb + gk, dvb + gv
             if step < P - 1:
                 _wait(requests)
                 kb, vb = k_next, v_next
-            if P > 1:  # after the last step this send brings each block's gradients home to their owner
-                grad_requests, (dkb, dvb) = _exchange([dkb, dvb], send_to, recv_from, group)
-                _wait(grad_requests)
+            if P > 1:  # posted now, waited for at the next step, after its computation: the transfer overlaps it;
+                # after the last step this send brings each block's gradients home to their owner
+                grads_in_flight, arriving = _exchange([dkb, dvb], send_to, recv_from, group)
+        if grads_in_flight is not None:
+            _wait(grads_in_flight)
+            dkb, dvb = arriving
         return dq, dkb, dvb, None, None, None, None, None, None
 
 
@@ -521,14 +556,18 @@ def _compute_dtype(dtype):
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def ring_attention(q, k, v, *, causal=False, layout="contiguous", scale=None, group=None):
+def ring_attention(q, k, v, *, causal=False, layout="contiguous", scale=None, group=None, return_lse=False):
     """Attention of this rank's queries over the keys of every rank, passing key/value blocks round a ring.
 
     Call it on every rank of ``group`` (default: the whole world), each with its shard q (..., n, E), k (..., n, E),
     v (..., n, Ev) of one sequence split in ``layout`` ("contiguous" or "zigzag", see :func:`shard`). Returns this
     rank's output rows (..., n, Ev) in the caller's dtype (half precision computed in float32). ``causal=True``
     masks by global position (key j <= query i), and block pairs wholly in the future are skipped, not computed.
-    Differentiable: the backward pass is a second ring that returns each block's key/value gradients to its owner.
+    Differentiable: the backward pass is a second ring that returns each block's key/value gradients to its owner;
+    each gradient transfer is waited for only at the next step, after that step's computation, which it overlaps.
+    ``return_lse=True`` returns ``(out, lse)``, lse (..., n) the natural-log logsumexp of each of this rank's rows
+    over every allowed key of the sequence (float32 for half-precision input): the attention state of
+    :mod:`lib.merge`, differentiable too.
     Raises RuntimeError without a process group or on a rank outside ``group``; ValueError, on every rank, when the
     ranks' shards differ in shape or dtype, the layout cannot split them, or the ranks pass different ``causal``,
     ``layout`` or ``scale``.
@@ -541,13 +580,16 @@ def ring_attention(q, k, v, *, causal=False, layout="contiguous", scale=None, gr
             raise ValueError(f"the zigzag layout gives each rank two equal chunks, so a shard needs an even "
                              f"number of tokens; got {q.shape[-2]}")
 
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be True or False; got {return_lse!r}")
     settings = [("causal", causal), ("layout", layout), ("scale", scale)]
     _validate(q, k, v, causal, group, P, "ring_attention", even, settings)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     cdtype = _compute_dtype(q.dtype)
-    out = _RingAttention.apply(q.to(cdtype), k.to(cdtype), v.to(cdtype), causal, layout, float(scale), group, rank, P)
-    return out.to(q.dtype)
+    out, lse = _RingAttention.apply(q.to(cdtype), k.to(cdtype), v.to(cdtype), causal, layout, float(scale), group,
+                                    rank, P)
+    return (out.to(q.dtype), lse) if return_lse else out.to(q.dtype)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -775,7 +817,9 @@ def run_cases(rank, world_size, cases):
 
     A case is a dict with ``scheme`` ("ring" or "ulysses"), ``causal``, ``layout`` (ring only) and the whole
     sequence's ``q``, ``k``, ``v`` and ``dout`` (the output's gradient); or ``shards``, a list of per-rank
-    ``(q, k, v)``, to pass inputs as they are; optionally ``scale``. A list in place of ``causal``, ``layout`` or
+    ``(q, k, v)``, to pass inputs as they are; optionally ``scale``. With ``dlse`` (the whole sequence's (..., N)
+    gradient of the logsumexp; ring only) the call asks for ``return_lse=True``, the backward pass takes both
+    gradients, and the result also holds this rank's ``lse``. A list in place of ``causal``, ``layout`` or
     ``scale`` gives each rank its own value (to test ranks that disagree). With ``ranks``, a list of global ranks, the case runs on a
     subgroup of just those ranks (every rank creates the group; the others return None for it). For each case it
     returns a dict with this rank's ``out``, ``dq``, ``dk``, ``dv`` and the bytes it sent forward and backward,
@@ -797,6 +841,8 @@ def run_cases(rank, world_size, cases):
         layout = mine["layout"]
         if case["scheme"] == "ring":
             kwargs["layout"] = layout
+        if "dlse" in case:
+            kwargs["return_lse"] = True
         try:
             if "shards" in case:
                 q, k, v = case["shards"][me]
@@ -805,12 +851,20 @@ def run_cases(rank, world_size, cases):
             q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
             reset_bytes_sent()
             out = fn(q, k, v, **kwargs)
+            out, lse = out if "dlse" in case else (out, None)
             forward_bytes = bytes_sent()
             reset_bytes_sent()
             dout = shard(case["dout"], me, size, layout) if "dout" in case else torch.ones_like(out)
-            out.backward(dout)
-            results.append({"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad,
-                            "bytes_forward": forward_bytes, "bytes_backward": bytes_sent()})
+            if lse is None:
+                out.backward(dout)
+            else:
+                dlse = shard(case["dlse"][..., None], me, size, layout)[..., 0]
+                torch.autograd.backward([out, lse], [dout, dlse])
+            result = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad,
+                      "bytes_forward": forward_bytes, "bytes_backward": bytes_sent()}
+            if lse is not None:
+                result["lse"] = lse.detach()
+            results.append(result)
         except (ValueError, TypeError, RuntimeError) as err:
             results.append({"error": f"{type(err).__name__}: {err}"})
     return results

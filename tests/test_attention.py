@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 
 from lib import attention as attn
 from lib import speed, tiles
+from lib.tiles import tiled_attention
 
 TOL = {"rtol": 1e-9, "atol": 1e-9}
 IMPLEMENTATIONS = {
     "attention": attn.attention,
     "attention_loop": attn.attention_loop,
-    "tiled_attention": attn.tiled_attention,
+    "tiled_attention": tiled_attention,
 }
 
 
@@ -138,7 +139,7 @@ def test_every_path_matches_sdpa_torch(case):
 @given(cases(), st.integers(1, 4), st.integers(1, 4))
 def test_tiled_matches_sdpa_for_any_block_shape(case, bq, bk):
     q, k, v, mask, causal, scale = case
-    got = attn.tiled_attention(q, k, v, mask, causal=causal, scale=scale, block_size=(bq, bk))
+    got = tiled_attention(q, k, v, mask, causal=causal, scale=scale, block_size=(bq, bk))
     np.testing.assert_allclose(got, sdpa(q, k, v, mask, causal, scale), **TOL)
 
 
@@ -148,7 +149,7 @@ def test_tiled_numpy_shift_policy_never_changes_the_result(case, bk, sample, lim
     # textbook way once its row sums pass `limit`: a limit of 0 redoes every tile, 2**32 almost none.
     q, k, v, mask, causal, scale = case
     with mock.patch.multiple(tiles, SHIFT_SAMPLE=sample, LAZY_LIMIT=limit):
-        got = attn.tiled_attention(q, k, v, mask, causal=causal, scale=scale, block_size=(2, bk))
+        got = tiled_attention(q, k, v, mask, causal=causal, scale=scale, block_size=(2, bk))
     np.testing.assert_allclose(got, sdpa(q, k, v, mask, causal, scale), **TOL)
 
 
@@ -163,7 +164,7 @@ def test_tiled_numpy_redoes_a_tile_whose_exponentials_would_overflow(dtype):
     assert (gap > 100).sum() > 30  # exp(100) overflows float32 and sums far past LAZY_LIMIT in float64
     expected = sdpa(q, k, v)
     for block in (tiles.DEFAULT_BLOCK, (16, 64)):
-        got = attn.tiled_attention(*(x.astype(dtype) for x in (q, k, v)), block_size=block)
+        got = tiled_attention(*(x.astype(dtype) for x in (q, k, v)), block_size=block)
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, expected, **(TOL if dtype == np.float64 else {"rtol": 1e-4, "atol": 1e-5}))
 
@@ -179,7 +180,7 @@ def test_numpy_thread_pool_paths_match_sdpa(case, rows):
         out, w = attn.attention(q, k, v, mask, return_weights=True, **kw)
         plain = attn.attention(q, k, v, mask, **kw)
         weights = attn.attention_weights(q, k, mask, **kw)
-        tiled = attn.tiled_attention(q, k, v, mask, block_size=(rows, 2), **kw)
+        tiled = tiled_attention(q, k, v, mask, block_size=(rows, 2), **kw)
     assert chunked.call_count == 3
     expected = sdpa(q, k, v, mask, causal, scale)
     for got in (out, plain, tiled):
@@ -207,7 +208,7 @@ def test_larger_shapes_match_sdpa_with_multiple_tiles():
         expected = sdpa(q, k, v, mask, causal)
         np.testing.assert_allclose(attn.attention(q, k, v, mask, causal=causal), expected, **TOL)
         np.testing.assert_allclose(
-            attn.tiled_attention(q, k, v, mask, causal=causal, block_size=(64, 128)), expected, **TOL
+            tiled_attention(q, k, v, mask, causal=causal, block_size=(64, 128)), expected, **TOL
         )
 
 
@@ -494,10 +495,11 @@ def test_causal_mask_matches_is_causal():
 
 
 def test_padding_mask():
-    m = attn.padding_mask([3, 1, 0], 4)
+    m = attn.padding_mask([3, 1, 0], 4, heads=False)
     assert m.shape == (3, 1, 4) and m.dtype == bool
     np.testing.assert_array_equal(m[:, 0], [[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
-    t = attn.padding_mask(torch.tensor([2, 4]), 4)
+    assert attn.padding_mask([3, 1, 0], 4).shape == (3, 1, 1, 4)  # the default: split heads (B, H, L, S)
+    t = attn.padding_mask(torch.tensor([2, 4]), 4, heads=False)
     assert t.dtype == torch.bool and t.shape == (2, 1, 4)
     np.testing.assert_array_equal(t.numpy()[:, 0], [[1, 1, 0, 0], [1, 1, 1, 1]])
 
@@ -506,7 +508,7 @@ def test_padding_gives_the_unpadded_outputs():
     rng = np.random.default_rng(0)
     lengths, S, d = [5, 2, 4], 5, 3
     x = rng.standard_normal((3, S, d))
-    out = attn.attention(x, x, x, attn.padding_mask(lengths, S))
+    out = attn.attention(x, x, x, attn.padding_mask(lengths, S, heads=False))
     for b, n in enumerate(lengths):
         np.testing.assert_allclose(out[b, :n], attn.attention(x[b, :n], x[b, :n], x[b, :n]), **TOL)
 
@@ -582,7 +584,7 @@ def test_attention_weights_checks_too():
 )
 def test_bad_block_size(block, exc, words):
     with pytest.raises(exc) as info:
-        attn.tiled_attention(A, A, A, block_size=block)
+        tiled_attention(A, A, A, block_size=block)
     assert "block_size" in str(info.value)
     for word in words:
         assert word in str(info.value)
@@ -723,8 +725,12 @@ def test_padding_mask_for_split_heads_pairs_each_sequence_with_its_own_lengths(B
     ])  # each sequence alone, its padding cut off
     for fn in IMPLEMENTATIONS.values():
         torch.testing.assert_close(fn(q, k, v, mask), expected, **TOL)
-    shared = attn.padding_mask(lengths, 5)
+    torch.testing.assert_close(attn.attention(q, k, v, attn.padding_mask(lengths, 5)), expected, **TOL)  # default
+    shared = attn.padding_mask(lengths, 5, heads=False)
     assert shared.shape == (B, 1, 5)
+    if B != H:  # the shared layout against split heads: refused by broadcasting, never paired with the heads
+        with pytest.raises(ValueError, match="mask"):
+            attn.attention(q, k, v, shared)
     np.testing.assert_array_equal(attn.padding_mask([2, 0], 3, heads=True), [[[[1, 1, 0]]], [[[0, 0, 0]]]])
     with pytest.raises(TypeError, match="heads"):
         attn.padding_mask([1], 2, heads="yes")

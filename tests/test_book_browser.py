@@ -171,7 +171,27 @@ def test_every_fold_says_what_it_holds(page):
     assert not generic, f"{len(generic)} of {len(prompts)} folds say {generic[0]!r} (tag the cell with its role)"
 
 
+def test_landing_page_map_shows_the_reading_times_of_the_notebooks_as_they_are_now():
+    """A build older than a chapter's last change shows stale minutes: the map must match the notebooks."""
+    import json
+
+    from lib.notebook import reading_minutes, reading_surface
+
+    boxes = source_soup(PAGES[0]).select("figure.chapter-map svg a[data-chapter]")
+    shown = {a["data-chapter"]: (a["href"], a["data-minutes"]) for a in boxes}
+    for page in NOTEBOOK_PAGES:
+        key = page.split("/")[-1][:2] if page.startswith("chapters/") else "guide"
+        key = key.lstrip("0")
+        notebook = json.loads((ROOT / f"{page}.ipynb").read_text())
+        assert key in shown, f"the chapter map has no link to {page}"
+        assert shown[key] == (f"{page}.html", str(reading_minutes(reading_surface(notebook)))), page
+
+
 # ------------------------------------------------------------------------------------ the layout, in Playwright
+#
+# Each page is loaded once per view (desktop, phone, dark) and measured by every probe of that view in one go:
+# PROBES maps a view to {name: JavaScript run on the page}, in order (a probe that opens the folds comes last).
+# A new check of the layout adds a probe here and a test that reads visit(browser, page, view)[name].
 
 DESKTOP = {"width": 1400, "height": 900}
 PHONE = {"width": 400, "height": 800}
@@ -187,13 +207,18 @@ def browser():
         chromium.close()
 
 
-def open_page(browser, page, viewport, phone=False):
-    """A new tab showing the page with its scripts run and its formulas typeset, offline; page errors collected."""
+def open_page(browser, page, viewport, phone=False, mode=None):
+    """A new tab showing the page as on a first visit (nothing stored), its scripts run and its formulas typeset,
+    offline. Script errors are collected in tab.errors, messages the console shows as errors in tab.console_errors;
+    mode "dark" or "light" is the reader's choice of colours stored before the page loads."""
     context = browser.new_context(viewport=viewport, is_mobile=phone, has_touch=phone)
     context.route(re.compile(r"^https?://"), lambda route: route.abort())
+    if mode:
+        context.add_init_script(f"localStorage.setItem('mode', '{mode}'); localStorage.setItem('theme', '{mode}');")
     tab = context.new_page()
-    tab.errors = []
+    tab.errors, tab.console_errors = [], []
     tab.on("pageerror", lambda error: tab.errors.append(str(error)))
+    tab.on("console", lambda message: message.type == "error" and tab.console_errors.append(message.text))
     tab.goto(html_path(page).as_uri(), wait_until="load")
     if tab.evaluate("() => !!document.querySelector('script[src*=\"mathjax\"]')"):
         tab.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
@@ -213,35 +238,65 @@ def on_screen(tab, selector):
     return tab.evaluate(ON_SCREEN, selector)
 
 
-def tap_visible(tab, selector):
+def tap_visible(tab, selector, index=0):
     buttons = tab.locator(selector)
     shown = [i for i in range(buttons.count()) if buttons.nth(i).is_visible()]
-    assert shown, f"no visible {selector} button at {tab.viewport_size['width']} px"
-    buttons.nth(shown[0]).tap()
+    assert len(shown) > index, f"no visible {selector} at {tab.viewport_size['width']} px"
+    buttons.nth(shown[index]).tap()
     tab.wait_for_timeout(500)
 
 
-PHONE_PAGES = [PAGES[0], CHAPTERS[0]]
+# What a reader reads as prose: the article without code, outputs and typeset formulas.
+PROSE = """() => {
+  const article = (document.querySelector("article") || document.body).cloneNode(true);
+  article.querySelectorAll("mjx-container, pre, code, .cell_input, .cell_output, script, style")
+    .forEach((el) => el.remove());
+  return article.textContent;
+}"""
+RAW_TEX = re.compile(r"\$|\\[A-Za-z]{2,}|[_^]\{")
+MATHJAX_ERRORS = """() => [...document.querySelectorAll("article mjx-merror")]
+  .map((e) => e.getAttribute("data-mjx-error") || e.textContent)"""
 
+# The toggles a reader opens a fold with: a cell's fold (checks, plotting code, solutions, an aside's code on its
+# own) and a dropdown aside's title. Those inside a closed fold are not laid out and are left out.
+TOGGLES = "article div.cell details.hide > summary, article div.dropdown.admonition > .admonition-title"
+FOLD_STYLES = """(selector) => [...document.querySelectorAll(selector)]
+  .filter((toggle) => toggle.getBoundingClientRect().height > 0)
+  .map((toggle) => {
+    const title = toggle.matches("summary") ? toggle.querySelector("p.admonition-title") : toggle;
+    const shown = [toggle, title].map((el) => getComputedStyle(el));
+    return {
+      check: !!toggle.closest("div.cell.tag_check"),
+      background: shown[0].backgroundColor,
+      weight: shown[1].fontWeight,
+      triangle: shown.some((style) => style.display === "list-item" && style.listStyleType !== "none"),
+      text: title.textContent.trim().slice(0, 40),
+    };
+  })"""
+TOGGLE_HEIGHTS = """(selector) => [...document.querySelectorAll(selector)]
+  .map((toggle) => [toggle.getBoundingClientRect().height, toggle.textContent.trim().slice(0, 40)])
+  .filter(([height]) => height > 0)"""
 
-@pytest.mark.parametrize("page", PHONE_PAGES)
-def test_phone_menu_opens_the_chapter_list(browser, page):
-    tab = open_page(browser, page, PHONE, phone=True)
-    assert on_screen(tab, "nav.bd-links a.reference") == 0, "the chapter list shows before the tap"
-    tap_visible(tab, ".primary-toggle")
-    shown = on_screen(tab, "nav.bd-links a.reference")
-    assert shown >= len(CHAPTERS), f"after tapping the menu at 400 px, {shown} chapter links are visible"
-    tab.context.close()
-
-
-def test_phone_contents_button_opens_the_sections(browser):
-    tab = open_page(browser, CHAPTERS[0], PHONE, phone=True)
-    assert on_screen(tab, "nav.page-toc a") == 0, "the contents show before the tap"
-    tap_visible(tab, ".secondary-toggle")
-    shown = on_screen(tab, "nav.page-toc a")
-    assert shown >= 3, f"after tapping the contents button at 400 px, {shown} section links are visible"
-    tab.context.close()
-
+# The contrast (WCAG 2) of each "✓ N checks" line against the background it is drawn on.
+CHECK_CONTRAST = """() => {
+  const rgba = (text) => (text.match(/[\\d.]+/g) || []).map(Number);
+  const luminance = ([r, g, b]) => {
+    const f = (c) => ((c /= 255) <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4);
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const background = (el) => {
+    for (; el; el = el.parentElement) {
+      const colour = rgba(getComputedStyle(el).backgroundColor);
+      if (colour.length === 3 || colour[3] > 0.5) return colour;
+    }
+    return [255, 255, 255];
+  };
+  return [...document.querySelectorAll("article div.cell.tag_check div.cell_output pre")].slice(0, 30)
+    .map((pre) => {
+      const [a, b] = [luminance(rgba(getComputedStyle(pre).color)), luminance(background(pre))];
+      return [(Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05), pre.textContent.trim().slice(0, 40)];
+    });
+}"""
 
 # Every fold opened (checks, solutions, asides), then each code block and output measured in the real layout.
 SIDEWAYS = """() => {
@@ -261,6 +316,83 @@ SIDEWAYS = """() => {
   return {code, outputs, formulas};
 }"""
 
+VIEWS = {"desktop": (DESKTOP, False, None), "phone": (PHONE, True, None), "dark": (DESKTOP, False, "dark")}
+PROBES = {
+    "desktop": {"mathjax_errors": MATHJAX_ERRORS, "prose": PROSE, "folds": (FOLD_STYLES, TOGGLES),
+                "check_contrast": CHECK_CONTRAST, "sideways": SIDEWAYS},
+    "phone": {"page_width": "() => document.documentElement.scrollWidth", "toggle_heights": (TOGGLE_HEIGHTS, TOGGLES),
+              "sideways": SIDEWAYS},
+    "dark": {"check_contrast": CHECK_CONTRAST},
+}
+_VISITS = {}
+
+
+def visit(browser, page, view):
+    """One load of the page in a view ("desktop" 1,400 px, "phone" 400 px and touch, "dark" 1,400 px in dark
+    mode): every probe of PROBES[view], in order, and the page's script and console errors."""
+    if (page, view) not in _VISITS:
+        viewport, phone, mode = VIEWS[view]
+        tab = open_page(browser, page, viewport, phone=phone, mode=mode)
+        found = {}
+        for name, probe in PROBES[view].items():
+            script, *argument = probe if isinstance(probe, tuple) else (probe,)
+            found[name] = tab.evaluate(script, *argument)
+        found["page_errors"], found["console_errors"] = tab.errors, tab.console_errors
+        tab.context.close()
+        _VISITS[page, view] = found
+    return _VISITS[page, view]
+
+
+def desktop(browser, page):
+    return visit(browser, page, "desktop")
+
+
+PHONE_PAGES = [PAGES[0], CHAPTERS[0]]
+
+
+@pytest.mark.parametrize("page", PHONE_PAGES)
+def test_phone_menu_opens_the_chapter_list(browser, page):
+    tab = open_page(browser, page, PHONE, phone=True)
+    assert on_screen(tab, "nav.bd-links a.reference") == 0, "the chapter list shows before the tap"
+    tap_visible(tab, ".primary-toggle")
+    shown = on_screen(tab, "nav.bd-links a.reference")
+    assert shown >= len(CHAPTERS), f"after tapping the menu at 400 px, {shown} chapter links are visible"
+    tab.context.close()
+
+
+def test_phone_contents_drawer_opens_and_closes_after_a_tap_on_a_section(browser):
+    tab = open_page(browser, CHAPTERS[0], PHONE, phone=True)
+    assert on_screen(tab, "nav.page-toc a") == 0, "the contents show before the tap"
+    tap_visible(tab, ".secondary-toggle")
+    shown = on_screen(tab, "nav.page-toc a")
+    assert shown >= 3, f"after tapping the contents button at 400 px, {shown} section links are visible"
+    tap_visible(tab, "nav.page-toc a", index=2)  # _static/book.js closes the drawer
+    assert tab.evaluate("() => location.hash").startswith("#"), "the tap did not go to the section"
+    assert on_screen(tab, "nav.page-toc a") == 0, "the contents drawer stays open over the page after the tap"
+    assert not tab.evaluate("() => [...document.querySelectorAll('dialog')].some((d) => d.open)")
+    tab.context.close()
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_phone_page_is_no_wider_than_the_screen(browser, page):
+    width = visit(browser, page, "phone")["page_width"]
+    assert width <= PHONE["width"], f"at {PHONE['width']} px the page is {width} px wide: the reader scrolls sideways"
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_phone_code_wraps_instead_of_scrolling_sideways(browser, page):
+    """At 400 px an 88-column line does not fit: code wraps in the column (_static/custom.css), every fold open."""
+    found = visit(browser, page, "phone")["sideways"]
+    assert not found["code"], f"{len(found['code'])} code blocks scroll sideways at 400 px, first {found['code'][:3]}"
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_phone_fold_toggles_are_44_px_tall(browser, page):
+    heights = visit(browser, page, "phone")["toggle_heights"]
+    assert heights, "no fold toggle on the page"
+    small = [(round(h), text) for h, text in heights if h < 44]
+    assert not small, f"{len(small)} of {len(heights)} fold toggles are under 44 px tall on a phone, first {small[:3]}"
+
 
 @pytest.mark.parametrize("page", PAGES)
 def test_nothing_scrolls_sideways_at_desktop_width(browser, page):
@@ -275,35 +407,6 @@ def test_nothing_scrolls_sideways_at_desktop_width(browser, page):
     assert not problems, f"at {DESKTOP['width']} px: " + "; ".join(problems)
 
 
-# What a reader reads as prose: the article without code, outputs and typeset formulas.
-PROSE = """() => {
-  const article = (document.querySelector("article") || document.body).cloneNode(true);
-  article.querySelectorAll("mjx-container, pre, code, .cell_input, .cell_output, script, style")
-    .forEach((el) => el.remove());
-  return article.textContent;
-}"""
-RAW_TEX = re.compile(r"\$|\\[A-Za-z]{2,}|[_^]\{")
-
-
-MATHJAX_ERRORS = """() => [...document.querySelectorAll("article mjx-merror")]
-  .map((e) => e.getAttribute("data-mjx-error") || e.textContent)"""
-_DESKTOP = {}
-
-
-def desktop(browser, page):
-    """One load of the page at 1,400 px: its MathJax errors, its prose, its script errors, what scrolls sideways."""
-    if page not in _DESKTOP:
-        tab = open_page(browser, page, DESKTOP)
-        _DESKTOP[page] = {
-            "mathjax_errors": tab.evaluate(MATHJAX_ERRORS),
-            "prose": tab.evaluate(PROSE),
-            "sideways": tab.evaluate(SIDEWAYS),  # opens the folds, so it comes last
-            "page_errors": tab.errors,
-        }
-        tab.context.close()
-    return _DESKTOP[page]
-
-
 @pytest.mark.parametrize("page", PAGES)
 def test_no_raw_tex_and_no_mathjax_error(browser, page):
     report = desktop(browser, page)
@@ -312,6 +415,58 @@ def test_no_raw_tex_and_no_mathjax_error(browser, page):
     raw = [prose[max(0, m.start() - 40) : m.end() + 40].replace("\n", " ") for m in RAW_TEX.finditer(prose)]
     assert not raw, f"{len(raw)} pieces of raw TeX in the text, for example {raw[:3]}"
     assert not page_errors, f"script errors on the page: {page_errors[:3]}"
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_every_fold_looks_the_same(browser, page):
+    """One fold style: each toggle a tinted title row with a chevron (no browser triangle), a check's fold the
+    same but plain; what differs is only what it holds."""
+    folds = desktop(browser, page)["folds"]
+    assert folds, "no fold on the page"
+    triangles = [fold["text"] for fold in folds if fold["triangle"]]
+    assert not triangles, f"folds that open with the browser's triangle: {triangles[:3]}"
+    for kind in (False, True):
+        looks = {(fold["background"], fold["weight"]) for fold in folds if fold["check"] is kind}
+        assert len(looks) <= 1, f"{'check' if kind else 'other'} folds in {len(looks)} styles: {sorted(looks)}"
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_an_asides_code_is_inside_its_box(page):
+    """tools/asides.py: a cell tagged deeper right after a "Going deeper" aside is drawn inside the aside, open."""
+    article = source_soup(page).select_one("article")
+    for aside in article.select("div.dropdown.admonition"):
+        title = aside.select_one(".admonition-title").get_text(" ", strip=True)
+        after = aside.find_next_sibling()
+        if title.startswith("Going deeper") and after is not None:
+            classes = after.get("class", [])
+            assert not ("cell" in classes and "tag_deeper" in classes), f"the code of {title!r} sits outside its box"
+        for cell in aside.select("div.cell.tag_deeper"):
+            assert not cell.select("details"), f"the code inside {title!r} is folded a second time"
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_each_cells_printed_output_is_one_box(page):
+    """A cell's prints and its value in one output box: the book renders the committed, merged outputs."""
+    for output in source_soup(page).select("article div.cell_output"):
+        boxes = [box for box in output.find_all("div", recursive=False) if "output" in box.get("class", [])]
+        text = [box for box in boxes if {"stream", "text_plain", "stderr"} & set(box.get("class", []))]
+        assert len(text) <= 1, f"a cell prints in {len(text)} boxes: {text[0].get_text()[:60]!r}"
+
+
+@pytest.mark.parametrize("view", ["desktop", "dark"])
+def test_the_check_line_reads_at_4_5_to_1(browser, view):
+    """WCAG AA for text: the "✓ N checks" line at 4.5:1 or more against its background, light and dark."""
+    ratios = visit(browser, CHAPTERS[0], view)["check_contrast"]
+    assert ratios, "no check line on the page"
+    low = [(round(ratio, 2), text) for ratio, text in ratios if ratio < 4.5]
+    assert not low, f"in {view} mode {len(low)} check lines are below 4.5:1, first {low[:2]}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_console_error_on_a_first_visit(browser, page):
+    """Nothing stored yet (a first visit): the theme once logged "Got invalid theme mode" on every page."""
+    report = desktop(browser, page)
+    assert not report["console_errors"], f"the console shows errors: {report['console_errors'][:3]}"
 
 
 def summary():

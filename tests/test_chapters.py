@@ -17,7 +17,14 @@ import sys
 import pytest
 import yaml
 
-from lib.notebook import ROLES
+from lib.notebook import (
+    BUDGET,
+    ROLES,
+    over_budget,
+    prose_words,
+    reading_minutes,
+    reading_surface,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
@@ -89,9 +96,18 @@ def test_chapter_anatomy(path):
     assert 2 <= len(code_solutions) + len(written) <= 12, (
         "2 to 6 exercises, each with its solution: a code cell tagged solution or a Solution dropdown"
     )
+    previous = None
     for cell in exercises:
         if cell["cell_type"] == "code" and FOLDS & set(tags(cell)):
-            assert "solution" in tags(cell), f"a folded cell among the exercises is not tagged solution: {first(cell)}"
+            assert {"solution", "check"} & set(tags(cell)), (
+                f"a folded cell among the exercises is neither a solution nor its check: {first(cell)}"
+            )
+        if cell["cell_type"] == "code" and "check" in tags(cell):
+            # the grading cell of an exercise: it follows the solution it grades and names the exercise
+            assert previous is not None and "solution" in tags(previous), f"a check with no solution before it: {first(cell)}"
+            assert re.search(r'checks\("exercise \d+', source(cell)), f"an exercise's check names no exercise: {first(cell)}"
+        if cell["cell_type"] == "code":
+            previous = cell
         if cell["cell_type"] == "code" and "solution" in tags(cell):
             answers = [ln for ln in source(cell).splitlines() if re.match(r"^\s*#\s*answer\b", ln, re.IGNORECASE)]
             assert not answers, f"a written answer as a code comment (write it in a Solution dropdown): {answers[0]}"
@@ -254,3 +270,129 @@ def test_setup_cell_uses_the_checkout_locally(tmp_path):
     result = run_setup_cell(ROOT / "chapters", tmp_path / "nowhere", "print(ROOT)")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(ROOT)
+
+
+# ------------------------------------------------------------------------------------------- the learner's budget
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_fits_a_learners_budget(path):
+    """One sitting (issue 22): at most 4,500 words of prose and 260 visible code lines, no visible cell over 25
+    lines, at least three numbered, captioned figures. Folded asides, checks, plots and solutions do not count."""
+    surface = reading_surface(json.loads(path.read_text()))
+    broken = over_budget(surface)
+    assert not broken, f"{path.stem} asks too much of a reader in one sitting: " + "; ".join(broken)
+
+
+def notebook(*cells):
+    return {"cells": list(cells)}
+
+
+def markdown(text):
+    return {"cell_type": "markdown", "source": text}
+
+
+def code(text, tags=(), outputs=(), **mystnb):
+    return {"cell_type": "code", "source": text, "metadata": {"tags": list(tags), "mystnb": mystnb},
+            "outputs": list(outputs)}
+
+
+def test_prose_words_leave_out_math_code_and_folded_asides():
+    assert prose_words("Attention mixes the values, weighted.") == 5
+    assert prose_words("The scores $q \\cdot k$ and\n$$\nS = QK^T\n$$\nthen `softmax(s)` run.") == 5
+    assert prose_words("It is {glue:text}`ch1_max` here; see {numref}`fig-x`, and {math}`n^2`.") == 7
+    aside = ":::{admonition} Going deeper: a detour\n:class: dropdown\nfour words inside it\n:::\nTwo after."
+    assert prose_words(aside) == 2
+    shown = ":::{admonition} Note\nthree words shown\n:::\n"
+    assert prose_words(shown) == 4  # a box that is not folded is read: its title and its text
+    assert prose_words("```python\nx = 1  # not prose\n```\nOne.") == 1
+
+
+def test_reading_surface_counts_what_a_reader_sees_without_opening_a_fold():
+    figure = {"output_type": "display_data", "data": {"image/png": "..."}}
+    nb = notebook(
+        markdown("# Title\nThen six words of prose here."),
+        code("import lib\n\nx = 1\n", ["remove-cell"]),
+        code("a = 1\n\nb = 2\nc = 3"),
+        code("\n".join(["check(1)"] * 30), ["check", "hide-input"]),
+        code("plot()", ["plot", "hide-input"], [figure], figure={"name": "fig-a", "caption": "A caption"}),
+        code("plot()", [], [figure], figure={"name": "fig-b", "caption": "Another caption"}),
+        code("plot()", [], [figure]),  # an image without a number and a caption is not a figure of the book
+        code("chart()", [], [{"output_type": "display_data", "data": {"application/vnd.vegalite.v5+json": {}}}],
+             figure={"name": "fig-d", "caption": "An interactive chart"}),
+        code("x = 1", [], [], figure={"name": "fig-e", "caption": "A name on a cell that shows nothing"}),
+        code("plot()", ["remove-output"], [figure], figure={"name": "fig-c", "caption": "Not shown at all"}),
+    )
+    surface = reading_surface(nb)
+    assert surface == {"prose_words": 7, "visible_code_lines": 8, "longest_visible_cell": 3, "figures": 3}
+    assert over_budget(surface) == []
+    long = reading_surface(notebook(code("\n".join(["x = 1"] * 26)), markdown("word " * 4501)))
+    assert over_budget(long) == [
+        "4,501 words of prose (at most 4,500)",
+        "26 lines in its longest visible code cell (at most 25)",
+        "0 numbered, captioned figures (at least 3)",
+    ]
+    with pytest.raises(TypeError, match="notebook"):
+        reading_surface([])
+
+
+def test_reading_minutes_follow_the_words_and_the_code():
+    assert reading_minutes({"prose_words": 0, "visible_code_lines": 0}) == 5
+    assert reading_minutes({"prose_words": 4000, "visible_code_lines": 100}) == 30  # 20 + 10
+    assert reading_minutes({"prose_words": 4500, "visible_code_lines": 260}) == 50  # 22.5 + 26, the budget's most
+    assert BUDGET == {"prose_words": 4500, "visible_code_lines": 260, "longest_visible_cell": 25, "figures": 3}
+
+
+# ----------------------------------------------------------------------------- the landing page's chapter map
+
+
+def chapter_map():
+    """tools/chapter_map.py, the Sphinx extension that draws the map (tools/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chapter_map", ROOT / "tools" / "chapter_map.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_chapter_map_has_every_chapter_and_reads_its_minutes_from_the_notebook():
+    extension = chapter_map()
+    boxes = {box["number"]: box for box in extension.entries()}
+    on_disk = {int(path.stem[:2]): path for path in CHAPTERS}
+    assert set(on_disk) <= set(boxes), f"chapters missing from the map in tools/chapter_map.py: {set(on_disk) - set(boxes)}"
+    for number, path in on_disk.items():
+        expected = reading_minutes(reading_surface(json.loads(path.read_text())))
+        assert boxes[number]["minutes"] == expected, f"chapter {number}: the map says {boxes[number]['minutes']} min"
+        assert boxes[number]["docname"] == f"chapters/{path.stem}"
+    for number, box in boxes.items():
+        if number not in on_disk and number is not None:
+            assert box["minutes"] is None and box["docname"] is None, f"chapter {number} has no notebook yet"
+        for before in box["builds_on"]:
+            assert before < (number or 99), f"chapter {number} builds on a later chapter, {before}"
+    guide = boxes[None]
+    assert guide["minutes"] == reading_minutes(reading_surface(json.loads((ROOT / "guide/debugging.ipynb").read_text())))
+
+
+def test_chapter_map_draws_a_linked_box_with_the_minutes_for_each_written_chapter():
+    extension = chapter_map()
+    boxes = extension.entries()
+    svg = extension.svg(boxes, href=lambda docname: f"{docname}.html")
+    for box in boxes:
+        key = box["number"] or "guide"
+        if box["docname"]:
+            assert f'href="{box["docname"]}.html"' in svg
+            assert f'data-chapter="{key}" data-minutes="{box["minutes"]}"' in svg
+            assert f">{box['minutes']} min" in svg
+        else:
+            assert f'<g data-chapter="{key}" data-minutes="">' in svg
+    narrow = extension.svg(boxes, href=lambda docname: f"{docname}.html", narrow=True)
+    for box in boxes:
+        if box["docname"]:
+            assert f">{box['minutes']} min" in narrow
+    assert 'class="arrow"' not in narrow and "after 6 and 7" in narrow  # a phone's map says what it follows
+    arrows = svg.count('class="arrow"')
+    assert arrows == sum(len(box["builds_on"]) for box in boxes) > 10
+    assert "<title" in svg and "<desc" in svg  # what the picture says, in words
+    total = sum(box["minutes"] for box in boxes if box["number"] and box["minutes"])
+    assert f"about {total / 60:.0f} hours" in extension.caption(boxes)

@@ -95,7 +95,7 @@ def test_copy_folds_solutions_and_keeps_the_code(chapter):
         if cell["cell_type"] != "code" or cell["id"] not in by_id:
             continue
         new = by_id[cell["id"]]
-        assert new["outputs"] == [] and new["execution_count"] is None
+        assert new["outputs"] == mc.interactive_outputs(cell) and new["execution_count"] is None
         if any(tag in cell["metadata"].get("tags", []) for tag in FOLDED):
             assert new["metadata"].get("cellView") == "form", f"{cell['id']} is a solution Colab would show open"
             assert new["source"][0].startswith("# @title "), f"{cell['id']} has no form title"
@@ -471,3 +471,25 @@ def one_cell(book, cell_id):
 
 def source(cell):
     return "".join(cell["source"])
+
+
+def test_an_interactive_figure_keeps_its_snippet_for_colab():
+    """lib.interactive's output stays in the Colab edition (Colab loads Vega from the web), the PNG does not."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from lib import interactive
+
+    figure = interactive.sliding_window(4)
+    bundle = figure._repr_mimebundle_()
+    cell = figure_cell("cell-009", "fig-window", "The slider sets the window.")
+    cell["metadata"]["mystnb"]["image"]["alt"] = 'A band of "weights" under a causal mask.'
+    cell["outputs"] = [{"output_type": "execute_result", "execution_count": 3, "metadata": {}, "data": bundle},
+                       {"output_type": "stream", "name": "stdout", "text": "printed\n"}]
+    kept = mc.interactive_outputs(cell)
+    assert len(kept) == 1 and set(kept[0]["data"]) == {"text/html", "text/plain"}
+    assert kept[0]["output_type"] == "display_data"
+    html = "".join(kept[0]["data"]["text/html"])
+    assert 'aria-label="A band of &quot;weights&quot; under a causal mask."' in html
+    assert "_static" not in html and "https://cdn.jsdelivr.net/npm" in html
+    assert mc.interactive_outputs(figure_cell("cell-010", "fig-plain", "A plain figure.")) == []

@@ -9,8 +9,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lib import attention as attn
 from lib import cost
-from lib.decoding import KVCache, kv_cache_bytes
-from lib.modules import TorchMultiHeadAttention
+from lib.cost import kv_cache_bytes
+from lib.decoding import KVCache
+from lib.nn import TorchMultiHeadAttention
 
 
 def test_attention_flops_by_hand_and_by_flop_counter():
@@ -24,11 +25,20 @@ def test_attention_flops_by_hand_and_by_flop_counter():
 
 def test_causal_pairs():
     assert cost.attended_pairs(4, causal=True) == 10  # 1 + 2 + 3 + 4
-    assert cost.attended_pairs(2, 5, causal=True) == 4 + 5  # bottom-right: the last two rows of a 5 x 5 triangle
-    assert cost.attended_pairs(1, 7, causal=True) == 7
-    assert cost.attended_pairs(3, 5, causal=True) == int(attn.causal_mask(3, 5, align="bottom-right").sum())
+    # bottom-right: the last two rows of a 5 x 5 triangle
+    assert cost.attended_pairs(2, 5, causal="bottom-right") == 4 + 5
+    assert cost.attended_pairs(1, 7, causal="bottom-right") == 7
+    for L, S in ((3, 5), (4, 8), (5, 3), (1, 7), (6, 6)):
+        top_left = int(attn.causal_mask(L, S).sum())
+        assert cost.attended_pairs(L, S, causal=True) == cost.attended_pairs(L, S, causal="top-left") == top_left
+        if L <= S:
+            bottom = int(attn.causal_mask(L, S, align="bottom-right").sum())
+            assert cost.attended_pairs(L, S, causal="bottom-right") == bottom
+    assert cost.attended_pairs(4, 8, causal="top-left") == 10  # 1 + 2 + 3 + 4, not the bottom-right 26
+    with pytest.raises(ValueError, match="causal"):
+        cost.attended_pairs(4, 8, causal="bogus")
     with pytest.raises(ValueError, match="L <= S"):
-        cost.attended_pairs(5, 3, causal=True)
+        cost.attended_pairs(5, 3, causal="bottom-right")
 
 
 def test_attention_bytes_and_intensity():
@@ -103,9 +113,25 @@ def test_decode_step_llama_2_7b_on_an_h100():
     assert cost.intensity(step["flops"], step["bytes"]) == 1.0  # MHA in 16 bits: exactly 1 FLOP per byte
     rate = cost.decode_tokens_per_s(llama2, "H100", 4096)
     assert rate == pytest.approx(3.35e12 / step["bytes"]) and 215 < rate < 220
-    # batching shares the weights, not the caches: 64 sequences are each token still reads its own cache
-    per_token_64 = cost.decode_tokens_per_s(llama2, "H100", 4096, batch=64) / 64
-    assert per_token_64 < rate / 8
+    # batching shares the weights, not the caches: each token still reads its own cache
+    per_token_16 = cost.decode_tokens_per_s(llama2, "H100", 4096, batch=16) / 16
+    assert per_token_16 < rate / 3  # 16 caches of 2.1 GB outweigh the 13.2 GB of weights
+    assert cost.decode_tokens_per_s("Llama-2-7B", "H100", 4096) == rate  # names as well as objects
+
+
+def test_decode_bound_checks_memory_and_context():
+    llama2 = cost.model("Llama-2-7B")
+    # 256 caches of 4,096 tokens are 563 GB: no rate for a set-up that does not fit in 80 GB
+    assert cost.decode_memory_bytes(llama2, 4096, batch=256) / 1e9 == pytest.approx(563.2, abs=0.1)
+    with pytest.raises(ValueError, match="at most batch=30 fits"):
+        cost.decode_tokens_per_s(llama2, "H100", 4096, batch=256)
+    assert cost.max_decode_batch(llama2, "H100", 4096) == 30
+    assert cost.decode_fits(llama2, "H100", 4096, batch=30) and not cost.decode_fits(llama2, "H100", 4096, batch=31)
+    assert cost.decode_tokens_per_s(llama2, "H100", 4096, batch=30) > 0
+    assert cost.max_decode_batch(llama2, "H200", 4096) == 59
+    with pytest.raises(ValueError, match="trained context"):
+        cost.decode_tokens_per_s(llama2, "H200", 10**6)
+    assert cost.max_decode_batch(llama2, "T4", 4096) == 1  # 13.5 GB of weights leave room for one 2 GB cache
 
 
 def test_decode_attention_intensity_is_the_group_size():
@@ -117,6 +143,61 @@ def test_decode_attention_intensity_is_the_group_size():
 def test_cache_outweighs_weights():
     llama2, llama3 = cost.model("Llama-2-7B"), cost.model("Llama-3-8B")
     t2 = cost.cache_outweighs_weights(llama2)
-    assert t2 == 6_738_415_616 * 2 / 524_288 and math.floor(t2) == 25_705
-    assert cost.cache_outweighs_weights(llama3) == pytest.approx(122_532.06, abs=0.01)
+    # the weights a decode step reads, as decode_step counts them: not the input embedding, nor the norms
+    read = cost.decode_step(llama2, 0)["weight_bytes"]
+    assert t2 == read / 524_288 == 13_214_154_752 / 524_288 and math.floor(t2) == 25_204
+    assert cost.cache_outweighs_weights(llama2) < llama2.params * 2 / 524_288
+    assert cost.cache_outweighs_weights(llama3) == cost.decode_step(llama3, 0)["weight_bytes"] / 131_072
     assert cost.cache_outweighs_weights(llama2, batch=8) == t2 / 8
+
+
+# ------------------------------------------------------------------------------ the ledger per score (chapter 8)
+
+
+def test_ledger_at_d_64_ties_the_tensor_cores_and_the_exponentials():
+    t = cost.score_ledger(cost.gpu("H100"), 64).seconds
+    assert 0.9 < t["tensor cores"] / t["exponential unit"] < 1.2
+    assert t["HBM"] < 0.2 * t["tensor cores"]  # the compulsory traffic is not what binds
+    t128 = cost.score_ledger(cost.gpu("H100"), 128).seconds
+    assert t128["tensor cores"] == pytest.approx(2 * t["tensor cores"])
+    assert t128["exponential unit"] == t["exponential unit"]
+
+
+def test_ledger_counts_fmnmx_and_f2fp_at_half_rate():
+    h100 = cost.gpu("H100")
+    slow, fast = cost.score_ledger(h100, 64), cost.score_ledger(h100, 64, half_rate=False)
+    lane = 2 / h100.fp32_flops  # seconds of one float32 instruction per lane, whole GPU
+    extra = slow.seconds["float32 lanes"] - fast.seconds["float32 lanes"]
+    assert extra == pytest.approx(cost.FP32_HALF_RATE_PER_SCORE * lane)
+    assert slow.tflops("serial") < fast.tflops("serial")
+    assert slow.tflops("softmax") == fast.tflops("softmax")  # the exponentials are the longer of the two there
+    with pytest.raises(ValueError, match="fp32_ops"):
+        cost.score_ledger(h100, 64, fp32_ops=1.0)
+
+
+def test_ledger_ceilings_order_and_measured_rate():
+    import dataclasses
+
+    h100 = cost.gpu("H100")
+    low, high = cost.ledger_ceilings(h100, 64)
+    assert low < high < cost.score_ledger(h100, 64).tflops("full")
+    measured = dataclasses.replace(h100, tensor_flops=790e12)
+    # at the matrix rate measured on an H100, 603 TFLOP/s (SDPA, d 128) is above the turn-taking ceiling
+    assert cost.ledger_ceilings(measured, 128, n=8192)[1] < 603 < cost.ledger_ceilings(h100, 128, n=8192)[1]
+    with pytest.raises(ValueError, match="overlap"):
+        cost.score_ledger(h100, 64).bound("some")
+    with pytest.raises(ValueError, match="d must be an integer >= 1"):
+        cost.score_ledger(h100, 0)
+
+
+def test_f2fp_slots_price_the_conversion_and_refuse_less_than_one_slot():
+    h100 = cost.gpu("H100")
+    half, catch_all = (cost.score_ledger(h100, 64, f2fp_slots=s) for s in (2, cost.F2FP_SLOTS_CATCH_ALL))
+    # the slower conversion row only lengthens the float32 bar, and by the F2FP instructions alone
+    assert catch_all.seconds["float32 lanes"] > half.seconds["float32 lanes"]
+    assert catch_all.seconds["tensor cores"] == half.seconds["tensor cores"]
+    assert cost.ledger_ceilings(h100, 64, f2fp_slots=cost.F2FP_SLOTS_CATCH_ALL)[0] < cost.ledger_ceilings(h100, 64)[0]
+    with pytest.raises(ValueError, match="f2fp_slots"):
+        cost.score_ledger(h100, 64, f2fp_slots=0.5)
+    with pytest.raises(TypeError, match="f2fp_slots"):
+        cost.score_ledger(h100, 64, f2fp_slots="2")

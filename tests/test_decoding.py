@@ -7,8 +7,10 @@ from torch.nn.attention.bias import causal_lower_right
 
 from lib import attention as attn
 from lib import decoding
-from lib.decoding import KVCache, decode_step, kv_cache_bytes
-from lib.modules import MultiHeadAttention, TorchMultiHeadAttention
+from lib.cost import kv_cache_bytes
+from lib.decoding import KVCache, decode_step
+from lib.modules import MultiHeadAttention
+from lib.nn import TorchMultiHeadAttention
 
 TOL32 = {"rtol": 1e-5, "atol": 1e-6}
 
@@ -194,7 +196,7 @@ def test_bad_cache_size_arguments_are_named():
 
 
 def test_public_names():
-    assert decoding.__all__ == ["KVCache", "decode_step", "kv_cache_bytes"]
+    assert decoding.__all__ == ["KVCache", "decode_step"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

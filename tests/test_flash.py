@@ -36,7 +36,7 @@ def oracle(q, k, v, causal=False, scale=None, do=None):
 
 def run(q, k, v, do, **kw):
     q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    out = attn.flash_attention(q, k, v, **kw)
+    out = flash.flash_attention(q, k, v, **kw)
     out.backward(do)
     return out, [q.grad, k.grad, v.grad]
 
@@ -89,6 +89,70 @@ def test_custom_scale_and_non_contiguous_inputs():
         torch.testing.assert_close(got.double().cpu(), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("scale", [-0.5, -3.0, 0.0, 1e-30, 0.7])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_any_finite_scale_matches_the_reference_negative_and_zero_included(scale, causal):
+    # a negative scale turns the row maximum into the minimum; 0 multiplies the masked -inf scores by 0. The
+    # oracle is lib.attention in float64 (PyTorch's math SDPA scales q and k by sqrt(scale): NaN when negative).
+    q, k, v = randn(1, 2, 32, 16, seed=4) * 2, randn(1, 2, 32, 16, seed=5) * 2, randn(1, 2, 32, 16, seed=6)
+    do = randn(1, 2, 32, 16, seed=7)
+    out, grads = run(q, k, v, do, causal=causal, scale=scale)
+    ref = [x.detach().double().cpu().requires_grad_() for x in (q, k, v)]
+    expected = attn.attention(*ref, causal=causal, scale=scale)
+    expected.backward(do.double().cpu())
+    expected, expected_grads = expected.detach(), [x.grad for x in ref]
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.double().cpu(), expected, rtol=1e-5, atol=2e-5)
+    for name, got, want in zip("qkv", grads, expected_grads):
+        torch.testing.assert_close(got.double().cpu(), want, rtol=1e-4, atol=2e-4, msg=f"d{name}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_kernels_states_merge_over_a_split_of_the_keys(causal):
+    from lib.merge import attention_state, merge_states
+
+    q, k, v = randn(2, 3, 40, 16, seed=8), randn(2, 3, 40, 16, seed=9), randn(2, 3, 40, 8, seed=10)
+    out, lse = flash.flash_attention(q, k, v, causal=causal, return_lse=True)
+    want_out, want_lse = attention_state(*(x.double().cpu() for x in (q, k, v)), causal=causal)
+    assert lse.dtype == torch.float32 and lse.shape == (2, 3, 40)
+    torch.testing.assert_close(lse.double().cpu(), want_lse, rtol=1e-5, atol=1e-5)  # natural log, not base 2
+    torch.testing.assert_close(out.double().cpu(), want_out, rtol=1e-5, atol=2e-6)
+    # keys [0, 17) and [17, 40) by the kernel, merged with lib.merge: attention over all 40 keys. Causal, the
+    # second part is the bottom rows of a top-left pattern; the rows with no key there get lse = -inf.
+    first = flash.flash_attention(q, k[..., :17, :], v[..., :17, :], causal=causal, return_lse=True)
+    if causal:  # queries 17.. over keys 17..: top-left on the lower-right block, and nothing for queries < 17
+        low = flash.flash_attention(q[..., 17:, :], k[..., 17:, :], v[..., 17:, :], causal=True, return_lse=True)
+        second = (torch.cat([torch.zeros_like(out[..., :17, :]), low[0]], -2),
+                  torch.cat([torch.full_like(lse[..., :17], -math.inf), low[1]], -1))
+    else:
+        second = flash.flash_attention(q, k[..., 17:, :], v[..., 17:, :], return_lse=True)
+    merged_out, merged_lse = merge_states([first, second])
+    torch.testing.assert_close(merged_out.double().cpu(), want_out, rtol=1e-5, atol=2e-6)
+    torch.testing.assert_close(merged_lse.double().cpu(), want_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_the_logsumexp_is_differentiable():
+    from lib.merge import attention_state
+
+    q, k, v = randn(1, 2, 24, 16, seed=11), randn(1, 2, 30, 16, seed=12), randn(1, 2, 30, 8, seed=13)
+    do, dlse = randn(1, 2, 24, 8, seed=14), randn(1, 2, 24, seed=15)
+    ours = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    out, lse = flash.flash_attention(*ours, return_lse=True)
+    torch.autograd.backward([out, lse], [do, dlse])
+    ref = [x.detach().double().cpu().requires_grad_() for x in (q, k, v)]
+    r_out, r_lse = attention_state(*ref)
+    torch.autograd.backward([r_out, r_lse], [do.double().cpu(), dlse.double().cpu()])
+    for name, a, b in zip("qkv", ours, ref):
+        torch.testing.assert_close(a.grad.double().cpu(), b.grad, rtol=1e-4, atol=1e-5, msg=f"d{name}")
+    only_lse = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    flash.flash_attention(*only_lse, return_lse=True)[1].sum().backward()  # the output unused: no NaN, no crash
+    r_lse2 = attention_state(*(x.detach().double().cpu().requires_grad_() for x in (q, k, v)))[1]
+    assert all(torch.isfinite(x.grad).all() for x in only_lse) and torch.isfinite(r_lse2).all()
+    assert flash.flash_attention(q[..., :0, :], k, v, return_lse=True)[1].shape == (1, 2, 0)
+    empty = flash.flash_attention(q, k[..., :0, :], v[..., :0, :], return_lse=True)[1]
+    assert empty.shape == (1, 2, 24) and (empty == -math.inf).all()
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_float16_is_as_close_as_sdpa_in_float16(causal):
     # The yardstick for half precision: our error against the float64 oracle is no worse than twice SDPA's own
@@ -120,7 +184,7 @@ def test_causal_skips_future_tiles_rather_than_masking_them():
     assert tile.block_m == 16 and tile.block_n == 16
     q, k, v = randn(64, 16), randn(64, 16, seed=1), randn(64, 16, seed=2)
     v[32:] = float("nan")
-    out = attn.flash_attention(q, k, v, causal=True)
+    out = flash.flash_attention(q, k, v, causal=True)
     assert out[32:].isnan().any()
     expected, _ = oracle(q[:32], k[:32], v[:32], causal=True)
     torch.testing.assert_close(out[:32].double(), expected, rtol=1e-5, atol=2e-6)
@@ -130,24 +194,24 @@ def test_causal_takes_the_library_spellings_of_alignment():
     # The library spells causal alignment one way everywhere: True is "top-left"; "bottom-right" places the
     # diagonal S - L to the right, which this kernel cannot, so it is the same when L == S and refused otherwise.
     q, k, v = randn(2, 24, 16), randn(2, 24, 16, seed=1), randn(2, 24, 8, seed=2)
-    top = attn.flash_attention(q, k, v, causal=True)
-    torch.testing.assert_close(attn.flash_attention(q, k, v, causal="top-left"), top, rtol=0, atol=0)
-    torch.testing.assert_close(attn.flash_attention(q, k, v, causal="bottom-right"), top, rtol=0, atol=0)
+    top = flash.flash_attention(q, k, v, causal=True)
+    torch.testing.assert_close(flash.flash_attention(q, k, v, causal="top-left"), top, rtol=0, atol=0)
+    torch.testing.assert_close(flash.flash_attention(q, k, v, causal="bottom-right"), top, rtol=0, atol=0)
     with pytest.raises(ValueError, match="top-left.*flash_decode"):
-        attn.flash_attention(q[:, :8], k, v, causal="bottom-right")
+        flash.flash_attention(q[:, :8], k, v, causal="bottom-right")
     with pytest.raises(ValueError, match="causal must be"):
-        attn.flash_attention(q, k, v, causal="lower-right")
+        flash.flash_attention(q, k, v, causal="lower-right")
     with pytest.raises(TypeError, match="causal must be"):
-        attn.flash_attention(q, k, v, causal=1.0)
+        flash.flash_attention(q, k, v, causal=1.0)
 
 
 def test_no_key_gives_zeros_and_no_query_gives_nothing():
     q, k, v = randn(2, 5, 16).requires_grad_(), randn(2, 0, 16), randn(2, 0, 8)
-    out = attn.flash_attention(q, k, v)
+    out = flash.flash_attention(q, k, v)
     assert out.shape == (2, 5, 8) and (out == 0).all()
     out.sum().backward()
     assert (q.grad == 0).all()
-    assert attn.flash_attention(randn(2, 0, 16), randn(2, 4, 16), randn(2, 4, 8)).shape == (2, 0, 8)
+    assert flash.flash_attention(randn(2, 0, 16), randn(2, 4, 16), randn(2, 4, 8)).shape == (2, 0, 8)
 
 
 def test_training_saves_nothing_of_size_L_by_S():
@@ -160,7 +224,7 @@ def test_training_saves_nothing_of_size_L_by_S():
 
     q, k, v = (randn(2, n, 16).requires_grad_() for n in (L, S, S))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        attn.flash_attention(q, k, v, causal=True).sum().backward()
+        flash.flash_attention(q, k, v, causal=True).sum().backward()
     assert saved, "nothing was saved: the hook saw no tensor"
     assert max(math.prod(s) for s in saved) == 2 * L * 16  # q, k, v and the output; the logsumexp is 2 × L
     assert (2, L) in saved
@@ -168,21 +232,21 @@ def test_training_saves_nothing_of_size_L_by_S():
 
 
 BAD_CALLS = [
-    ("numpy", lambda q, k, v: attn.flash_attention(q.cpu().numpy(), k, v), TypeError, "torch tensors; q is a numpy"),
-    ("mask", lambda q, k, v: attn.flash_attention(q, k, v, torch.ones(8, 8, dtype=torch.bool)), ValueError,
+    ("numpy", lambda q, k, v: flash.flash_attention(q.cpu().numpy(), k, v), TypeError, "torch tensors; q is a numpy"),
+    ("mask", lambda q, k, v: flash.flash_attention(q, k, v, torch.ones(8, 8, dtype=torch.bool)), ValueError,
      "takes no mask"),
-    ("dtypes", lambda q, k, v: attn.flash_attention(q, k.half(), v), TypeError, "share one dtype"),
-    ("float64", lambda q, k, v: attn.flash_attention(q.double(), k.double(), v.double()), TypeError, "float16"),
-    ("ints", lambda q, k, v: attn.flash_attention(q.int(), k.int(), v.int()), TypeError, "float16"),
-    ("E", lambda q, k, v: attn.flash_attention(q, k[..., :8], v), ValueError, "k has E=8 but q has E=16"),
-    ("S", lambda q, k, v: attn.flash_attention(q, k, v[:, :3]), ValueError, "v has S=3 rows but k has S=8"),
-    ("1-D", lambda q, k, v: attn.flash_attention(q[0, 0], k, v), ValueError, "at least 2-D"),
-    ("head", lambda q, k, v: attn.flash_attention(*(torch.zeros(1, 4, 300, device=q.device) for _ in range(3))),
+    ("dtypes", lambda q, k, v: flash.flash_attention(q, k.half(), v), TypeError, "share one dtype"),
+    ("float64", lambda q, k, v: flash.flash_attention(q.double(), k.double(), v.double()), TypeError, "float16"),
+    ("ints", lambda q, k, v: flash.flash_attention(q.int(), k.int(), v.int()), TypeError, "float16"),
+    ("E", lambda q, k, v: flash.flash_attention(q, k[..., :8], v), ValueError, "k has E=8 but q has E=16"),
+    ("S", lambda q, k, v: flash.flash_attention(q, k, v[:, :3]), ValueError, "v has S=3 rows but k has S=8"),
+    ("1-D", lambda q, k, v: flash.flash_attention(q[0, 0], k, v), ValueError, "at least 2-D"),
+    ("head", lambda q, k, v: flash.flash_attention(*(torch.zeros(1, 4, 300, device=q.device) for _ in range(3))),
      ValueError, "E=300 is outside"),
-    ("batch", lambda q, k, v: attn.flash_attention(q, k[:1].expand(3, 8, 16), v), ValueError, "do not broadcast"),
-    ("causal", lambda q, k, v: attn.flash_attention(q, k, v, causal=1), TypeError, "causal must be False, True"),
-    ("scale", lambda q, k, v: attn.flash_attention(q, k, v, scale="big"), TypeError, "scale must be a real"),
-    ("devices", lambda q, k, v: attn.flash_attention(q, k.to("meta"), v), ValueError, "on one device"),
+    ("batch", lambda q, k, v: flash.flash_attention(q, k[:1].expand(3, 8, 16), v), ValueError, "do not broadcast"),
+    ("causal", lambda q, k, v: flash.flash_attention(q, k, v, causal=1), TypeError, "causal must be False, True"),
+    ("scale", lambda q, k, v: flash.flash_attention(q, k, v, scale="big"), TypeError, "scale must be a real"),
+    ("devices", lambda q, k, v: flash.flash_attention(q, k.to("meta"), v), ValueError, "on one device"),
 ]
 
 
@@ -196,23 +260,25 @@ def test_bad_input_is_named(call, exc, words):
 def test_a_cpu_tensor_without_the_interpreter_says_how_to_run_it(monkeypatch):
     monkeypatch.setattr(flash, "INTERPRETED", False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
-        attn.flash_attention(*(torch.zeros(4, 16) for _ in range(3)))
+        flash.flash_attention(*(torch.zeros(4, 16) for _ in range(3)))
 
 
 @needs_interpreter
 def test_bfloat16_is_refused_in_the_interpreter():
     with pytest.raises(TypeError, match="bfloat16 is not supported in Triton's interpreter"):
-        attn.flash_attention(*(torch.zeros(4, 16, dtype=torch.bfloat16) for _ in range(3)))
+        flash.flash_attention(*(torch.zeros(4, 16, dtype=torch.bfloat16) for _ in range(3)))
 
 
 def test_the_numpy_reference_imports_neither_torch_nor_triton_and_a_missing_triton_is_named():
     code = (
         "import sys\n"
         "from lib import attention as attn\n"
+        "from lib import tiles, cost, merge, positions, modules, decoding, paged\n"
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules, sorted(sys.modules)\n"
+        "assert not hasattr(attn, 'flash_attention') and not hasattr(attn, 'flash_decode')\n"
         "sys.modules['triton'] = None\n"
         "try:\n"
-        "    attn.flash_attention\n"
+        "    from lib import flash\n"
         "except ModuleNotFoundError as err:\n"
         "    assert 'pip install triton' in str(err), err\n"
         "else:\n"
@@ -258,7 +324,7 @@ def test_cuda_half_precision_is_as_close_as_sdpa(shape, causal, dtype):
     B, H, n, d = shape
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v, do = (torch.randn(B, H, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(4))
-    ours = errors_against_float32(lambda q, k, v, c: attn.flash_attention(q, k, v, causal=c), q, k, v, do, causal)
+    ours = errors_against_float32(lambda q, k, v, c: flash.flash_attention(q, k, v, causal=c), q, k, v, do, causal)
     theirs = errors_against_float32(
         lambda q, k, v, c: F.scaled_dot_product_attention(q, k, v, is_causal=c), q, k, v, do, causal
     )
@@ -284,7 +350,7 @@ def test_cuda_float32_and_cross_attention_match_sdpa():
 @needs_interpreter
 def test_the_gpu_benchmark_runs_end_to_end_in_the_interpreter(tmp_path):
     # The benchmark's GPU timing cannot run here, but everything else can: every rung of the ladder, the comparison
-    # with SDPA, the profiler's backend name at the timed shape and the CSV file that chapter 8 plots.
+    # with SDPA, the profiler's backend name at the timed shape and the CSV file that chapter 9 plots.
     table = tmp_path / "gpu.csv"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_gpu.py"), "--device", "cpu", "--dtypes",
            "float32", "--d", "16", "--sizes", "20", "--batch", "1", "--heads", "2", "--reps", "1", "--csv", str(table)]

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lib import attention as attn
 from lib import flash
 
 DEVICE = "cpu" if flash.INTERPRETED else "cuda"
@@ -102,7 +101,7 @@ def test_every_rung_of_the_ladder_matches_sdpa(rung, causal):
     q, k, v, do = randn(2, 1, 37, 24), randn(1, 2, 53, 24, seed=1), randn(1, 2, 53, 8, seed=2), randn(2, 2, 37, 8,
                                                                                                        seed=3)
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-    out = attn.flash_attention(*leaves, causal=causal, variant=flash.LADDER[rung])
+    out = flash.flash_attention(*leaves, causal=causal, variant=flash.LADDER[rung])
     out.backward(do)
     ts = [x.detach().double().cpu().expand(2, 2, *x.shape[-2:]).clone().requires_grad_() for x in (q, k, v)]
     want = F.scaled_dot_product_attention(*ts, is_causal=causal)
@@ -120,7 +119,7 @@ def test_scores_far_below_zero_leave_ragged_keys_harmless():
     v, do = randn(1, 20, 16, seed=2), randn(1, 20, 16, seed=3)
     for causal in (False, True):
         leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
-        attn.flash_attention(*leaves, causal=causal).backward(do)
+        flash.flash_attention(*leaves, causal=causal).backward(do)
         _, grads = reference(q, k, v, do, causal, 0.25)
         for name, leaf, want in zip("qkv", leaves, grads):
             assert leaf.grad.isfinite().all(), name
@@ -134,7 +133,7 @@ def test_descriptors_only_where_strides_allow_them():
     assert not flash._tma_ready(randn(2, 10, 3))  # rows of 12 bytes: not 16-byte aligned
     assert not flash._tma_ready(x.transpose(1, 2))  # last stride not 1
     q, k, v = randn(1, 20, 3), randn(1, 20, 3, seed=1), randn(1, 20, 3, seed=2)
-    out = attn.flash_attention(q, k, v, variant=flash.LADDER["+tma"])  # falls back to pointer loads
+    out = flash.flash_attention(q, k, v, variant=flash.LADDER["+tma"])  # falls back to pointer loads
     close(out, reference(q, k, v, torch.zeros_like(q), False, 3**-0.5)[0], "output, pointer fallback")
 
 
@@ -151,9 +150,9 @@ def test_deterministic_runs_the_two_kernel_backward(monkeypatch):
     real = flash._run_backward_q
     monkeypatch.setattr(flash, "_run_backward_q", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     q, k, v = (randn(1, 20, 16, seed=s).requires_grad_() for s in range(3))
-    attn.flash_attention(q, k, v, deterministic=True).sum().backward()
+    flash.flash_attention(q, k, v, deterministic=True).sum().backward()
     assert calls == [1]
-    attn.flash_attention(q, k, v).sum().backward()
+    flash.flash_attention(q, k, v).sum().backward()
     assert calls == [1]  # the default sums dQ inside the dK/dV kernel
 
 
@@ -165,7 +164,7 @@ def test_deterministic_runs_the_two_kernel_backward(monkeypatch):
 def test_bad_variant_arguments_are_named(kw, exc, words):
     x = randn(4, 16)
     with pytest.raises(exc, match=words):
-        attn.flash_attention(x, x, x, **kw)
+        flash.flash_attention(x, x, x, **kw)
 
 
 def test_the_grid_is_one_axis_so_batch_times_heads_has_no_65535_limit():
@@ -190,7 +189,7 @@ def test_the_launch_runs_under_the_tensors_own_device():
 def test_cuda_more_than_65535_batch_heads_launch():
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(70_000, 16, 64, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
-    out = attn.flash_attention(q, k, v)
+    out = flash.flash_attention(q, k, v)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), rtol=2e-3, atol=2e-3)
 
 
@@ -199,7 +198,7 @@ def test_cuda_more_than_65535_batch_heads_launch():
 def test_cuda_tensors_on_a_second_device_run_there():
     q, k, v = (torch.randn(2, 256, 64, device="cuda:1", dtype=torch.float16) for _ in range(3))
     torch.cuda.set_device(0)
-    out = attn.flash_attention(q, k, v)
+    out = flash.flash_attention(q, k, v)
     assert out.device == q.device
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), rtol=2e-3, atol=2e-3)
 
@@ -212,7 +211,7 @@ def test_cuda_long_rows_through_a_strided_view_past_2_to_the_31(causal):
     x = torch.zeros(1, L, H, E, device="cuda", dtype=torch.bfloat16)
     x[0, -64:, 0] = 1.0
     q = k = v = x.transpose(1, 2)
-    out = attn.flash_attention(q[:, :1], k[:, :1], v[:, :1], causal=causal)
+    out = flash.flash_attention(q[:, :1], k[:, :1], v[:, :1], causal=causal)
     assert out[0, 0, -1].float().sum().item() > 0  # the last rows were read, not wrapped to the start
 
 
@@ -233,7 +232,7 @@ def test_cuda_every_rung_is_as_close_as_sdpa_in_bfloat16(rung, causal):
         pairs = zip([out, *(t.grad for t in leaves)], [ref, *(t.grad for t in ref_leaves)])
         return [(a.float() - b).abs().max().item() for a, b in pairs]
 
-    ours = errors(lambda q, k, v: attn.flash_attention(q, k, v, causal=causal, variant=flash.LADDER[rung]))
+    ours = errors(lambda q, k, v: flash.flash_attention(q, k, v, causal=causal, variant=flash.LADDER[rung]))
     theirs = errors(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
     for name, a, b in zip(["out", "dq", "dk", "dv"], ours, theirs):
         assert a <= 2 * b + 1e-3, f"{rung} {name}: ours {a:.2e}, SDPA {b:.2e}"
@@ -249,7 +248,7 @@ def test_any_shape_and_rung_matches_sdpa(L, S, E, Ev, causal, rung, seed):
     q, k, v, do = randn(2, L, E, seed=seed), randn(2, S, E, seed=seed + 1), randn(2, S, Ev, seed=seed + 2), \
         randn(2, L, Ev, seed=seed + 3)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    out = attn.flash_attention(*leaves, causal=causal, variant=flash.LADDER[rung])
+    out = flash.flash_attention(*leaves, causal=causal, variant=flash.LADDER[rung])
     out.backward(do)
     want, grads = reference(q, k, v, do, causal, E**-0.5)
     close(out, want.detach(), f"{rung} output")

@@ -17,14 +17,16 @@ from lib import decoding, modules
 from lib.modules import (
     MultiHeadAttention,
     SelfAttention,
-    TorchMultiHeadAttention,
-    TorchSelfAttention,
-    from_multihead_attention,
     grouped_attention,
     merge_heads,
     split_heads,
-    to_multihead_attention,
     xavier_bound,
+)
+from lib.nn import (
+    TorchMultiHeadAttention,
+    TorchSelfAttention,
+    from_multihead_attention,
+    to_multihead_attention,
 )
 
 TOL32 = {"rtol": 1e-5, "atol": 1e-6}
@@ -186,7 +188,7 @@ def test_future_tokens_cannot_change_earlier_outputs(backend):
 def test_padding_mask_passes_through():
     np_mod, _ = twins(32, 16)
     x = tokens(2, 6, 32)
-    out = np_mod(x, attn.padding_mask([4, 6], 6))
+    out = np_mod(x, attn.padding_mask([4, 6], 6, heads=False))
     np.testing.assert_allclose(out[0, :4], np_mod(x[0, :4])[:4], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out[1], np_mod(x[1]), rtol=1e-6, atol=1e-7)
 
@@ -436,7 +438,7 @@ def test_masks_agree_with_nn_multihead_attention_once_flipped(n_heads):
     mha = to_multihead_attention(mod).eval()
     x = torch.randn(3, 6, 16)
     may_attend = attn.causal_mask(6, like=x)  # True = may attend
-    pad = attn.padding_mask(torch.tensor([6, 4, 2]), 6)  # (B, 1, S), True on real tokens
+    pad = attn.padding_mask(torch.tensor([6, 4, 2]), 6, heads=False)  # (B, 1, S), True on real tokens
     key_padding_mask = ~pad[:, 0, :]  # nn.MultiheadAttention: (B, S), True = ignore
     cases = [
         (mod(x, causal=True), mha(x, x, x, attn_mask=~may_attend)[0]),
@@ -456,7 +458,7 @@ def test_cross_attention_with_a_different_key_length(n_heads):
     mod = TorchMultiHeadAttention(16, n_heads).eval()
     mha = to_multihead_attention(mod).eval()
     x, memory = torch.randn(2, 5, 16), torch.randn(2, 9, 16)
-    pad = attn.padding_mask(torch.tensor([9, 6]), 9)
+    pad = attn.padding_mask(torch.tensor([9, 6]), 9, heads=False)
     out, weights = mod(x, pad, context=memory, return_weights=True)
     ref, ref_weights = mha(x, memory, memory, key_padding_mask=~pad[:, 0, :], average_attn_weights=False)
     assert tuple(out.shape) == (2, 5, 16) and tuple(weights.shape) == (2, n_heads, 5, 9)
@@ -755,7 +757,7 @@ def test_modules_take_sdpa_4d_masks_per_head_and_float_biases(backend, n_kv):
     np_mod, torch_mod = mh_twins(12, 3, n_kv)
     x = torch.from_numpy(tokens(2, 5, 12))
     g = torch.Generator().manual_seed(0)
-    pad = attn.padding_mask(torch.tensor([5, 3]), 5)  # (B, 1, S), shared by every head
+    pad = attn.padding_mask(torch.tensor([5, 3]), 5, heads=False)  # (B, 1, S), shared by every head
     per_head = torch.rand(2, 3, 5, 5, generator=g) < 0.7  # (B, H, L, S)
     per_head[..., 0] = True
     slopes = torch.tensor([0.5, 0.25, 0.125])[:, None, None]  # ALiBi-like: a distance penalty per head

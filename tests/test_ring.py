@@ -87,14 +87,17 @@ def world_cases():
     half = [{"scheme": s, "layout": lay, "causal": True, "ranks": [0, 1], **inputs(1, 2, 16, 8, 8, 30 + i,
                                                                                     dtype=torch.bfloat16)}
             for i, (s, lay) in enumerate(SUBGROUP)]
-    return two, bad, three, sub, half
+    lse = [{"scheme": "ring", "layout": lay, "causal": c, **inputs(2, 3, 18, 4, 5, 40 + i),
+            "dlse": torch.randn(2, 3, 18, generator=torch.Generator().manual_seed(50 + i), dtype=torch.float64)}
+           for i, (lay, c) in enumerate((("contiguous", True), ("zigzag", True), ("contiguous", False)))]
+    return two, bad, three, sub, half, lse
 
 
 def run_world():
-    two, bad, three, sub, half = world_cases()
-    cases = two + [case for _, case in bad] + three + sub + half
+    two, bad, three, sub, half, lse = world_cases()
+    cases = two + [case for _, case in bad] + three + sub + half + lse
     results = ring.launch(ring.run_cases, 3, cases, timeout=120)
-    cut = np.cumsum([0, len(two), len(bad), len(three), len(sub), len(half)]).tolist()
+    cut = np.cumsum([0, len(two), len(bad), len(three), len(sub), len(half), len(lse)]).tolist()
     part = [[r[a:b] for r in results] for a, b in itertools.pairwise(cut)]
     return {
         "two": part[0][:2],
@@ -103,6 +106,7 @@ def run_world():
         "sub": part[3][1:],
         "outside": part[3][0],
         "half": part[4][:2],
+        "lse": part[5],
     }
 
 
@@ -131,12 +135,29 @@ def assert_matches_sdpa(cases, per_rank, tol):
             torch.testing.assert_close(ours, ref[name], **tol, msg=lambda m, w=what: f"{w}\n{m}")
 
 
+def test_the_ring_returns_the_natural_log_logsumexp_and_its_gradient_flows(world):
+    from lib.merge import attention_state
+
+    for i, case in enumerate(world_cases()[5]):
+        ranks = [r[i] for r in world["lse"]]
+        assert all("error" not in r for r in ranks), ranks[0].get("error")
+        q, k, v = (case[x].clone().requires_grad_() for x in ("q", "k", "v"))
+        out, lse = attention_state(q, k, v, causal=case["causal"])
+        torch.autograd.backward([out, lse], [case["dout"], case["dlse"]])
+        layout = case["layout"]
+        torch.testing.assert_close(ring.unshard([r["out"] for r in ranks], layout), out.detach(), **F64)
+        lse_ours = ring.unshard([r["lse"][..., None] for r in ranks], layout)[..., 0]
+        torch.testing.assert_close(lse_ours, lse.detach(), **F64)
+        for name, ref in (("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+            torch.testing.assert_close(ring.unshard([r[name] for r in ranks], layout), ref, **F64)
+
+
 def test_two_ranks_forward_and_gradients_equal_autograd_through_sdpa(world):
     assert_matches_sdpa(world_cases()[0], world["two"], F64)
 
 
 def test_bytes_counted_in_the_run_match_the_formula(world):
-    two, _, three, _, _ = world_cases()
+    two, _, three, *_ = world_cases()
     for cases, per_rank, P in ((two, world["two"], 2), (three, world["three"], 3)):
         check_bytes(cases, per_rank, P)
 
@@ -350,6 +371,45 @@ def test_each_step_posts_the_next_blocks_transfer_before_computing(monkeypatch):
     assert events == ["send", "compute", "send", "send", "compute", "send", "compute", "send"]
 
 
+def test_the_backward_waits_for_a_gradient_transfer_only_after_the_next_computation(monkeypatch):
+    events, kinds = [], []
+
+    def exchange(tensors, send_to, recv_from, group):
+        # a step posts the next blocks first, and its gradients after its computation and waits
+        after_work = events and (events[-1] == "compute" or events[-1].startswith("wait"))
+        kinds.append("grads" if after_work else "blocks")
+        tag = f"{kinds[-1]}{len(kinds)}"
+        events.append(f"post {tag}")
+        return ([tag], tensors), [t.clone() for t in tensors]
+
+    def wait(transfer):
+        events.append(f"wait {transfer[0][0]}")
+
+    def computing(fn):
+        def wrapped(*args):
+            events.append("compute")
+            return fn(*args)
+        return wrapped
+
+    monkeypatch.setattr(ring, "_group_rank_size", lambda group, what: (0, 3))
+    monkeypatch.setattr(ring, "_validate", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ring, "_peer", lambda group, r: r)
+    monkeypatch.setattr(ring, "_exchange", exchange)
+    monkeypatch.setattr(ring, "_wait", wait)
+    monkeypatch.setattr(ring, "_block_grads", computing(ring._block_grads))
+    q = torch.randn(1, 6, 4, requires_grad=True)
+    out = ring.ring_attention(q, q, q)
+    events.clear()
+    kinds.clear()
+    out.sum().backward()
+    grads = [e.split()[1] for e in events if e.startswith("post grads")]
+    assert len(grads) == 3  # one hop a step, the last bringing each block's gradients home
+    for tag in grads[:-1]:  # each transfer is waited for after the next step's computation, which it overlaps
+        posted, waited = events.index(f"post {tag}"), events.index(f"wait {tag}")
+        assert "compute" in events[posted:waited], events
+    assert events[-1] == f"wait {grads[-1]}"
+
+
 def test_hiding_block_is_flops_over_link_bandwidth():
     # 4 n^2 E FLOPs at F per second against 2 n E numbers of 2 bytes at B per second: equal at n = F / B
     F_h100, B_h100 = 989.4e12, 450e9
@@ -423,7 +483,7 @@ def test_the_all_to_all_count_is_what_its_transport_sends_with_grouped_heads(mon
     (lambda: ring.sent_bytes_per_rank("ulysses", 8, 4, batch_heads=8, batch_kv_heads=2, E=4),
      "batch_kv_heads=2 is not a multiple of 4"),
     (lambda: ring.sent_bytes_per_layer("ulysses", "Llama-3-8B", 4096, 16), "world_size must divide both"),
-    (lambda: ring.sent_bytes_per_layer("ring", "Llama-9", 4096, 2), "no shape for model 'Llama-9'"),
+    (lambda: ring.sent_bytes_per_layer("ring", "Llama-9", 4096, 2), "Llama-9.*no shape for that model"),
     (lambda: ring.hiding_block("H100", group=0), "group must be an integer >= 1"),
     (lambda: ring.hiding_block("H100", flops_per_s=-1.0), "flops_per_s must be a positive number"),
 ])

@@ -15,7 +15,9 @@ Colab shows a chapter without the book's machinery, so each copy is the chapter 
 - dropdown admonitions ("Solution", "Going deeper: ...") written as <details> blocks, folded as in the book;
 - every named figure numbered as the book numbers it (chapter.index: "Figure 7.2"), its caption a Markdown cell
   after the figure cell, and {numref} roles to it written "Figure 7.2", linking to the figure in the book;
-- outputs and execution counts removed, a banner cell first, and `"accelerator": "GPU"` kept from the chapter so
+- outputs and execution counts removed, except an interactive figure's (lib/interactive.py): its HTML is kept, with
+  the cell's alt text as its aria-label, for Colab to draw when it opens the notebook (the snippet loads Vega from
+  jsDelivr, never from the book's _static); then a banner cell first, and `"accelerator": "GPU"` kept from the chapter so
   Colab offers a GPU runtime for the chapters that ask for one.
 The setup cell stays exactly as in the chapter: in Colab it clones the course library and installs nothing.
 Whatever the generator does not know how to convert stops it with an error naming the chapter, never a silent copy.
@@ -642,6 +644,27 @@ def convert_blocks(book: Book, doc: str, text: str) -> str:
 # ---------------------------------------------------------------------------------------------------- cells
 
 FOLDED_TAGS = ("hide-cell", "hide-input", "remove-input")
+INTERACTIVE = 'class="sdpa-interactive"'  # the wrapper of lib.interactive's snippet
+
+
+def interactive_outputs(cell: dict) -> list[dict]:
+    """The interactive figures among a code cell's stored outputs, as Colab can show them without a run: the
+    snippet (which loads Vega from the web where the page has none) and its text; the PNG first frame is dropped."""
+    alt = cell.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt", "")
+    kept = []
+    for output in cell.get("outputs", []):
+        data = output.get("data", {})
+        html = data.get("text/html", "")
+        html = html if isinstance(html, str) else "".join(html)
+        if output.get("output_type") not in ("display_data", "execute_result") or INTERACTIVE not in html:
+            continue
+        if alt:
+            label = alt.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+            html = html.replace(INTERACTIVE, f'{INTERACTIVE} role="group" aria-label="{label}"', 1)
+        plain = data.get("text/plain", "")
+        kept.append({"output_type": "display_data", "metadata": {},
+                     "data": {"text/html": as_lines(html), "text/plain": plain if isinstance(plain, list) else as_lines(plain)}})
+    return kept
 
 
 def is_glue_only(code: str) -> bool:
@@ -747,7 +770,7 @@ def convert_notebook(book: Book, path: pathlib.Path) -> dict:
                 text = f"# @title {fold_title(cell, exercise, in_exercises, aside)}\n" + text
                 new["metadata"]["cellView"] = "form"
             new["execution_count"] = None
-            new["outputs"] = []
+            new["outputs"] = interactive_outputs(cell)
         new["source"] = as_lines(text)
         cells.append(new)
         caption = caption_cell(book, doc, cell) if cell["cell_type"] == "code" else None

@@ -1,0 +1,126 @@
+"""Sliding-window attention in the tiled and Triton kernels (chapter 12): the ``window`` argument of
+``lib.tiles.tiled_attention`` and ``lib.flash.flash_attention``, against SDPA with the band mask as the oracle.
+
+Skipped tiles are proven skipped, not merely masked: a tile the kernel visits reads its values, so values poisoned
+with NaN in every key block outside all of a query block's windows leave the output finite only if no such tile is
+ever loaded.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lib import flash
+from lib.tiles import tile_count, tiled_attention
+from lib.variants import sliding_window_mask
+
+DEVICE = "cpu" if flash.INTERPRETED else "cuda"
+CASES = [(37, 37, 5, (8, 4)), (37, 37, 1, (8, 8)), (10, 50, 7, (4, 6)), (64, 64, 100, (16, 16)), (33, 33, 16, (16, 16))]
+
+
+def qkv(L, S, seed=0, E=8, Ev=5, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 3, L, E, generator=g).to(device), torch.randn(2, 3, S, E, generator=g).to(device),
+            torch.randn(2, 3, S, Ev, generator=g).to(device))
+
+
+def band_oracle(q, k, v, window):
+    L, S = q.shape[-2], k.shape[-2]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_window_mask(L, S, window, device=q.device))
+
+
+def test_band_mask_is_the_causal_mask_cut_to_the_window():
+    mask = sliding_window_mask(6, 6, 3)
+    expected = torch.ones(6, 6, dtype=torch.bool).tril() & ~torch.ones(6, 6, dtype=torch.bool).tril(-3)
+    assert torch.equal(mask, expected)
+    assert mask.sum(-1).tolist() == [1, 2, 3, 3, 3, 3]  # window keys, itself included, once the window is full
+    assert torch.equal(sliding_window_mask(2, 6, 3), mask[-2:])  # new queries are the last ones: bottom-right
+    assert torch.equal(sliding_window_mask(5, 5, 99), torch.ones(5, 5, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("L, S, window, block", CASES, ids=str)
+def test_tiled_window_equals_sdpa_with_the_band_mask(L, S, window, block):
+    q, k, v = qkv(L, S)
+    causal = True if L == S else "bottom-right"
+    expected = band_oracle(q, k, v, window)
+    torch.testing.assert_close(tiled_attention(q, k, v, causal=causal, window=window, block_size=block), expected)
+    out = tiled_attention(q.numpy(), k.numpy(), v.numpy(), causal=causal, window=window, block_size=block)
+    torch.testing.assert_close(torch.from_numpy(out), expected)
+
+
+@pytest.mark.parametrize("L, S, window, block", CASES, ids=str)
+def test_tile_count_is_exactly_the_tiles_the_band_touches(L, S, window, block):
+    bq, bk = block
+    causal = True if L == S else "bottom-right"
+    mask = sliding_window_mask(L, S, window)
+    touched = sum(bool(mask[i:i + bq, j:j + bk].any()) for i in range(0, L, bq) for j in range(0, S, bk))
+    assert tile_count(L, S, block, causal=causal, window=window) == touched
+    assert tile_count(L, S, block, causal=causal, window=window) <= tile_count(L, S, block, causal=causal)
+
+
+def poisoned_blocks(v, L, window, bq, bk):
+    """For each block of bq query rows: its rows, and v with NaN in every key block its windows do not reach."""
+    S = v.shape[-2]
+    mask = sliding_window_mask(L, S, window)
+    for i in range(0, L, bq):
+        seen = mask[i:i + bq].nonzero()[:, 1]
+        needed = torch.zeros(S, dtype=torch.bool)
+        needed[int(seen.min()) // bk * bk: min(S, (int(seen.max()) // bk + 1) * bk)] = True
+        poisoned = v.clone()
+        poisoned[..., ~needed, :] = float("nan")
+        yield slice(i, i + bq), poisoned, int((~needed).sum())
+
+
+def test_tiled_window_never_reads_a_tile_outside_the_window():
+    L, window, block = 64, 9, (8, 8)
+    q, k, v = qkv(L, L, seed=1)
+    expected = band_oracle(q, k, v, window)
+    skipped = 0
+    for rows, poisoned, n_poisoned in poisoned_blocks(v, L, window, *block):
+        skipped += n_poisoned
+        for backend in (torch.as_tensor, lambda t: t.numpy()):
+            out = tiled_attention(backend(q), backend(k), backend(poisoned), causal=True, window=window,
+                                  block_size=block)
+            torch.testing.assert_close(torch.as_tensor(out)[..., rows, :], expected[..., rows, :])
+    assert skipped > (L // block[0]) * L // 2  # most keys were poisoned for most blocks
+
+
+@pytest.mark.parametrize("L, window", [(40, 3), (64, 16), (50, 17), (33, 100)])
+def test_flash_window_equals_sdpa_and_skips_old_tiles(L, window):
+    q, k, v = qkv(L, L, seed=2, E=16, Ev=16, device=DEVICE)
+    expected = band_oracle(q, k, v, window).cpu()
+    torch.testing.assert_close(flash.flash_attention(q, k, v, causal=True, window=window).cpu(), expected,
+                               rtol=1e-4, atol=1e-4)
+    if flash.INTERPRETED:  # the interpreter's tiles are fixed, so each query block's skipped keys are known
+        tiles = flash.INTERPRETER_TILES
+        for rows, poisoned, _ in poisoned_blocks(v.cpu(), L, window, tiles.block_m, tiles.block_n):
+            out = flash.flash_attention(q, k, poisoned.to(DEVICE), causal=True, window=window)
+            torch.testing.assert_close(out.cpu()[..., rows, :], expected[..., rows, :], rtol=1e-4, atol=1e-4)
+
+
+def test_window_errors_name_the_argument():
+    q, k, v = qkv(8, 8)
+    with pytest.raises(ValueError, match="window must be at least 1"):
+        tiled_attention(q, k, v, causal=True, window=0)
+    with pytest.raises(TypeError, match="window must be an integer"):
+        tiled_attention(q, k, v, causal=True, window=2.5)
+    with pytest.raises(ValueError, match="window needs causal"):
+        tiled_attention(q, k, v, window=3)
+    with pytest.raises(ValueError, match="window must be at least 1"):
+        sliding_window_mask(4, 4, 0)
+    qd, kd, vd = (t.to(DEVICE) for t in (q, k, v))
+    with pytest.raises(ValueError, match="window must be at least 1"):
+        flash.flash_attention(qd, kd, vd, causal=True, window=-1)
+    with pytest.raises(ValueError, match="window needs causal"):
+        flash.flash_attention(qd, kd, vd, window=4)
+    with pytest.raises(NotImplementedError, match="forward pass only"):
+        flash.flash_attention(qd.requires_grad_(), kd, vd, causal=True, window=4)
+
+
+def test_tiled_window_gradients_equal_sdpa_with_the_band_mask():
+    q, k, v = (t.requires_grad_() for t in qkv(20, 20, seed=3))
+    out = tiled_attention(q, k, v, causal=True, window=6, block_size=(4, 4))
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    expected = torch.autograd.grad(band_oracle(q, k, v, 6).square().sum(), (q, k, v))
+    for ours, theirs in zip(grads, expected):
+        torch.testing.assert_close(ours, theirs)
