@@ -184,3 +184,31 @@ def test_every_rung_of_the_forward_compiles_without_spills(rung):
     else:  # TMA copies and mbarrier waits instead of cp.async
         assert loop.get("UTMALDG", 0) > 0 and loop.get("SYNCS", 0) > 0 and "LDGSTS" not in loop
         assert not row["wgmma_serialised"]
+
+
+# Every architecture's tile shapes also compute attention: forced in turn in Triton's interpreter (CPU, float32), on
+# lengths off every tile grid, forward and both backward paths against SDPA in float64.
+SHAPES = sorted({(t.block_m, t.block_n) for table in flash.TILE_TABLES.values()
+                 for field in FIELDS.values() for t in getattr(table, field)})
+
+
+@pytest.mark.skipif(not flash.INTERPRETED, reason="forces tiles in the interpreter")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_every_tables_tile_shapes_compute_attention(shape, causal):
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, n, 24, generator=g) for n in (100, 90, 90, 100))
+    scale = 24**-0.5
+    tiles = flash.Tiles(*shape, num_warps=4, num_stages=1)
+    ts = [x.double().requires_grad_() for x in (q, k, v)]
+    want = F.scaled_dot_product_attention(*ts, is_causal=causal, scale=scale)
+    want.backward(do.double())
+    o, lse = flash._forward(q, k, v, causal, scale, tiles=tiles)
+    torch.testing.assert_close(o.double(), want.detach(), rtol=1e-4, atol=2e-5)
+    for variant in (flash.DEFAULT, flash.DETERMINISTIC):
+        grads = flash._backward(q, k, v, o, lse, do, causal, scale, tiles=tiles, variant=variant, q_tiles=tiles)
+        for name, got, t in zip("qkv", grads, ts):
+            torch.testing.assert_close(got.double(), t.grad, rtol=1e-4, atol=2e-5, msg=f"d{name}, {variant}")
