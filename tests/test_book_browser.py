@@ -28,9 +28,10 @@ CHROMIUM = next(
     None,
 )
 try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 except ImportError:  # the file:// checks above still run; the layout tests below skip
-    sync_playwright = None
+    sync_playwright, PlaywrightTimeout = None, TimeoutError
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (apt-get install chromium-headless-shell)"),
@@ -358,15 +359,20 @@ VEGA_ON_THE_PAGE = """(bundle) => ({
 def operate_the_figures(tab):
     """Each figure on the page drawn (an SVG inside it), then its first control used as a keyboard reader would:
     Space ticks a checkbox; an arrow moves a slider or the chosen radio button (the other arrow where the first
-    finds the control at its end). Returns, per figure, its label, the control's kind and label, and whether the
-    picture changed."""
+    finds the control at its end). Returns, per figure, its label, whether it drew, the control's kind and label,
+    and whether the picture changed."""
     figures, found = tab.locator(f".{INTERACTIVE_MARK}"), []
     for n in range(figures.count()):
         figure = figures.nth(n)
         picture = figure.locator("svg").first
-        picture.wait_for(timeout=20_000)
         control = figure.locator(".vega-bind input").first
-        control.wait_for(timeout=20_000)
+        label = figure.get_attribute("aria-label") or ""
+        try:  # a page whose Vega never came draws nothing: the next figures get 2 s, not 20 each
+            picture.wait_for(timeout=20_000 if all(f["drawn"] for f in found) else 2_000)
+            control.wait_for(timeout=2_000)
+        except PlaywrightTimeout as error:
+            found.append({"label": label, "drawn": False, "error": str(error).splitlines()[0]})
+            continue
         kind = control.get_attribute("type")
         if kind == "radio":  # the arrows move from the chosen option
             control = figure.locator(".vega-bind input[type=radio]:checked").first
@@ -379,7 +385,7 @@ def operate_the_figures(tab):
             if picture.inner_html() != before:
                 changed = True
                 break
-        found.append({"label": figure.get_attribute("aria-label") or "", "control": kind, "control_label": labelled,
+        found.append({"label": label, "drawn": True, "control": kind, "control_label": labelled,
                       "focused": control.evaluate("(el) => el === document.activeElement"), "changed": changed})
     return found
 
@@ -545,6 +551,13 @@ def test_no_console_error_on_a_first_visit(browser, page):
     assert not report["console_errors"], f"the console shows errors: {report['console_errors'][:3]}"
 
 
+@pytest.mark.parametrize("page", PAGES)
+def test_no_request_leaves_the_books_folder(browser, page):
+    """Offline means offline: nothing the page asks for on load comes from the network or from beside the build."""
+    outside = desktop(browser, page)["outside"]
+    assert not outside, f"{len(outside)} requests left the book's folder, first {outside[:3]}"
+
+
 def summary():
     """What the checks above covered, counted from the built pages (printed after a run that passed)."""
     counts = {"pages": 0, "formulas": 0, "internal links and assets": 0, "figures with alt text": 0, "Colab links": 0}
@@ -592,6 +605,7 @@ def test_interactive_figures_move_from_the_keyboard(browser, page):
     assert len(figures) == interactive_in_notebook(page), f"{len(figures)} figures in the browser"
     for n, figure in enumerate(figures, 1):
         where = f"figure {n} ({figure['label'][:50]!r})"
+        assert figure["drawn"], f"{where} was not drawn: {figure['error']}"
         assert figure["control"] in ("range", "radio", "checkbox"), f"{where}: a {figure['control']} control"
         assert figure["control_label"], f"{where}: its {figure['control']} control has no label"
         assert figure["focused"], f"{where}: its control does not take the keyboard's focus"
