@@ -552,15 +552,17 @@ def tile_roofline(n=4096, d=64, *, tiles=(16, 32, 64, 128, 256), gpu="H100", byt
     line = alt.Chart(_data(roof)).mark_line(color="black").encode(x=xs, y=ys)
     marks = alt.Chart(_data(fixed)).mark_point(size=90, filled=False, strokeWidth=2).encode(
         x="I:Q", y="tflops:Q",
-        shape=alt.Shape("what:N", legend=alt.Legend(orient="bottom", title=None)),
+        # one legend for both encodings: the same field, domain and legend on each
+        shape=alt.Shape("what:N", scale=alt.Scale(domain=[f["what"] for f in fixed], range=["diamond", "square"]),
+                        legend=alt.Legend(orient="bottom", title=None)),
         color=alt.Color("what:N", scale=alt.Scale(domain=[f["what"] for f in fixed], range=[RED, GREEN]),
                         legend=alt.Legend(orient="bottom", title=None)),
         tooltip=["what:N", alt.Tooltip("MB:Q", format=".1f"), alt.Tooltip("I:Q", format=".0f")])
     base = alt.Chart(_data(points)).transform_filter("datum.tile == tile")
-    moving = base.mark_circle(size=140, color=ORANGE).encode(
+    moving = base.mark_circle(size=140, color=BLUE).encode(
         x="I:Q", y="tflops:Q", tooltip=["tile:Q", alt.Tooltip("MB:Q", format=".1f"), alt.Tooltip("I:Q", format=".0f")])
     plot = (line + marks + moving).properties(width=520, height=280,
-                                             title=f"{device.name}, one head, n = {n}, d = {d} (orange: the tiles)")
+                                             title=f"{device.name}, one head, n = {n}, d = {d} (blue: the tiles)")
     chart = alt.vconcat(plot, _line(points, "datum.tile == tile", 520)).add_params(tile)
     return Interactive(chart, "tile-roofline", "radio buttons: the query tile")
 

@@ -1,6 +1,7 @@
 """The built book as a reader's browser shows it: every page built, every formula rendered offline by MathJax,
 every internal link and asset present, every figure described, every chapter one click from Colab; on a 400 px
-phone the menu and the contents open; at 1,400 px no code cell or output scrolls sideways; no page shows raw TeX.
+phone the menu and the contents open; at 1,400 px no code cell or output scrolls sideways; no page shows raw TeX;
+every interactive figure draws from the book's own copy of Vega and moves when its control is used from the keyboard.
 
 Needs `make book` (or `make test-book`) first, and Debian's chromium-headless-shell; `make test-browser` runs it
 and says so when either is missing. The layout tests drive that Chromium with Playwright (no browser download:
@@ -9,6 +10,7 @@ a formula that renders here renders offline.
 """
 
 import functools
+import json
 import pathlib
 import re
 import shutil
@@ -26,9 +28,10 @@ CHROMIUM = next(
     None,
 )
 try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 except ImportError:  # the file:// checks above still run; the layout tests below skip
-    sync_playwright = None
+    sync_playwright, PlaywrightTimeout = None, TimeoutError
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (apt-get install chromium-headless-shell)"),
@@ -40,6 +43,22 @@ TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
 PAGES = [TOC["root"]] + [entry["file"] for part in TOC["parts"] for entry in part["chapters"]]
 CHAPTERS = [p for p in PAGES if p.startswith("chapters/")]
 NOTEBOOK_PAGES = [p for p in PAGES if p.startswith(("chapters/", "guide/"))]
+# An interactive figure (lib/interactive.py) is found by its markup: the class of the snippet's wrapper, in the
+# chapter's stored outputs and on its built page. Which chapters hold one is not written down here.
+INTERACTIVE_MARK = "sdpa-interactive"
+VEGA_BUNDLE = "vega-bundle"  # tools/interactive_figures.py serves Vega as _static/interactive/vega-bundle.js
+
+
+def interactive_in_notebook(page):
+    """How many interactive figures the page's notebook stores among its outputs."""
+    path = ROOT / f"{page}.ipynb"
+    if not path.is_file():
+        return 0
+    outputs = [o for c in json.loads(path.read_text())["cells"] for o in c.get("outputs", [])]
+    return sum(INTERACTIVE_MARK in "".join(o.get("data", {}).get("text/html", "")) for o in outputs)
+
+
+INTERACTIVE = [p for p in CHAPTERS if interactive_in_notebook(p)]
 
 
 def html_path(page):
@@ -210,13 +229,26 @@ def browser():
 def open_page(browser, page, viewport, phone=False, mode=None):
     """A new tab showing the page as on a first visit (nothing stored), its scripts run and its formulas typeset,
     offline. Script errors are collected in tab.errors, messages the console shows as errors in tab.console_errors;
-    mode "dark" or "light" is the reader's choice of colours stored before the page loads."""
+    mode "dark" or "light" is the reader's choice of colours stored before the page loads. Every URL the page asks
+    for is kept in tab.requests; one outside the book's folder (the network, or a file beside the build) is refused
+    and also kept in tab.outside."""
     context = browser.new_context(viewport=viewport, is_mobile=phone, has_touch=phone)
-    context.route(re.compile(r"^https?://"), lambda route: route.abort())
+    requests, outside, inside = [], [], HTML.as_uri() + "/"
+
+    def only_the_book(route):
+        url = route.request.url
+        requests.append(url)
+        if url.startswith(inside):
+            route.continue_()
+        else:
+            outside.append(url)
+            route.abort()
+
+    context.route(re.compile(".*"), only_the_book)
     if mode:
         context.add_init_script(f"localStorage.setItem('mode', '{mode}'); localStorage.setItem('theme', '{mode}');")
     tab = context.new_page()
-    tab.errors, tab.console_errors = [], []
+    tab.errors, tab.console_errors, tab.requests, tab.outside = [], [], requests, outside
     tab.on("pageerror", lambda error: tab.errors.append(str(error)))
     tab.on("console", lambda message: message.type == "error" and tab.console_errors.append(message.text))
     tab.goto(html_path(page).as_uri(), wait_until="load")
@@ -316,28 +348,78 @@ SIDEWAYS = """() => {
   return {code, outputs, formulas};
 }"""
 
-VIEWS = {"desktop": (DESKTOP, False, None), "phone": (PHONE, True, None), "dark": (DESKTOP, False, "dark")}
+# The interactive figures (lib/interactive.py): whether Vega came from the book's own bundle, and then each figure
+# drawn, its first control focused and operated from the keyboard, and its picture compared before and after.
+VEGA_ON_THE_PAGE = """(bundle) => ({
+  embed: typeof window.vegaEmbed === "function",
+  scripts: [...document.querySelectorAll("script[src]")].map((s) => s.src).filter((src) => src.includes(bundle)),
+})"""
+
+
+def operate_the_figures(tab):
+    """Each figure on the page drawn (an SVG inside it), then its first control used as a keyboard reader would:
+    Space ticks a checkbox; an arrow moves a slider or the chosen radio button (the other arrow where the first
+    finds the control at its end). Returns, per figure, its label, whether it drew, the control's kind and label,
+    and whether the picture changed."""
+    figures, found = tab.locator(f".{INTERACTIVE_MARK}"), []
+    for n in range(figures.count()):
+        figure = figures.nth(n)
+        picture = figure.locator("svg").first
+        control = figure.locator(".vega-bind input").first
+        label = figure.get_attribute("aria-label") or ""
+        try:  # a page whose Vega never came draws nothing: the next figures get 2 s, not 20 each
+            picture.wait_for(timeout=20_000 if all(f["drawn"] for f in found) else 2_000)
+            control.wait_for(timeout=2_000)
+        except PlaywrightTimeout as error:
+            found.append({"label": label, "drawn": False, "error": str(error).splitlines()[0]})
+            continue
+        kind = control.get_attribute("type")
+        if kind == "radio":  # the arrows move from the chosen option
+            control = figure.locator(".vega-bind input[type=radio]:checked").first
+        labelled = control.evaluate("(el) => [...el.labels].map((l) => l.textContent.trim()).join(' ')")
+        before, changed = picture.inner_html(), False
+        for key in ["Space"] if kind == "checkbox" else ["ArrowRight", "ArrowLeft"]:
+            control.focus()
+            tab.keyboard.press(key)
+            tab.wait_for_timeout(400)
+            if picture.inner_html() != before:
+                changed = True
+                break
+        found.append({"label": label, "drawn": True, "control": kind, "control_label": labelled,
+                      "focused": control.evaluate("(el) => el === document.activeElement"), "changed": changed})
+    return found
+
+
+VIEWS = {"desktop": (DESKTOP, False, None), "phone": (PHONE, True, None), "dark": (DESKTOP, False, "dark"),
+         "interactive": (DESKTOP, False, None)}
 PROBES = {
     "desktop": {"mathjax_errors": MATHJAX_ERRORS, "prose": PROSE, "folds": (FOLD_STYLES, TOGGLES),
                 "check_contrast": CHECK_CONTRAST, "sideways": SIDEWAYS},
     "phone": {"page_width": "() => document.documentElement.scrollWidth", "toggle_heights": (TOGGLE_HEIGHTS, TOGGLES),
               "sideways": SIDEWAYS},
     "dark": {"check_contrast": CHECK_CONTRAST},
+    "interactive": {"vega": (VEGA_ON_THE_PAGE, VEGA_BUNDLE), "figures": operate_the_figures},
 }
 _VISITS = {}
 
 
 def visit(browser, page, view):
     """One load of the page in a view ("desktop" 1,400 px, "phone" 400 px and touch, "dark" 1,400 px in dark
-    mode): every probe of PROBES[view], in order, and the page's script and console errors."""
+    mode, "interactive" 1,400 px): every probe of PROBES[view], in order (a probe is JavaScript, JavaScript and
+    its argument, or a Python function of the tab for one that acts on the page), then the page's script and console
+    errors and the URLs it asked for, those refused for leaving the book's folder apart."""
     if (page, view) not in _VISITS:
         viewport, phone, mode = VIEWS[view]
         tab = open_page(browser, page, viewport, phone=phone, mode=mode)
         found = {}
         for name, probe in PROBES[view].items():
+            if callable(probe):
+                found[name] = probe(tab)
+                continue
             script, *argument = probe if isinstance(probe, tuple) else (probe,)
             found[name] = tab.evaluate(script, *argument)
         found["page_errors"], found["console_errors"] = tab.errors, tab.console_errors
+        found["requests"], found["outside"] = tab.requests, tab.outside
         tab.context.close()
         _VISITS[page, view] = found
     return _VISITS[page, view]
@@ -469,6 +551,13 @@ def test_no_console_error_on_a_first_visit(browser, page):
     assert not report["console_errors"], f"the console shows errors: {report['console_errors'][:3]}"
 
 
+@pytest.mark.parametrize("page", PAGES)
+def test_no_request_leaves_the_books_folder(browser, page):
+    """Offline means offline: nothing the page asks for on load comes from the network or from beside the build."""
+    outside = desktop(browser, page)["outside"]
+    assert not outside, f"{len(outside)} requests left the book's folder, first {outside[:3]}"
+
+
 def summary():
     """What the checks above covered, counted from the built pages (printed after a run that passed)."""
     counts = {"pages": 0, "formulas": 0, "internal links and assets": 0, "figures with alt text": 0, "Colab links": 0}
@@ -480,3 +569,59 @@ def summary():
         counts["figures with alt text"] += len(soup.select_one("article").find_all("img"))
         counts["Colab links"] += any("colab.research.google.com" in (a.get("href") or "") for a in soup.find_all("a"))
     return counts
+
+
+# ------------------------------------------------------------------------------------- the interactive figures
+
+
+def test_the_book_has_interactive_figures():
+    """The figures below are found by their markup: finding none means the markup changed, not that all is well."""
+    assert INTERACTIVE, f"no chapter stores an interactive figure (an output with class {INTERACTIVE_MARK!r})"
+
+
+@pytest.mark.parametrize("page", INTERACTIVE)
+def test_interactive_figures_reach_the_page_with_their_alt_text(page):
+    """Each figure the notebook stores is on the built page, labelled with its alt text (tools/interactive_figures.py)."""
+    figures = source_soup(page).select(f"article .{INTERACTIVE_MARK}")
+    stored = interactive_in_notebook(page)
+    assert len(figures) == stored, f"{len(figures)} figures on the page, {stored} in the notebook"
+    for figure in figures:
+        assert figure.get("role") == "group" and len(figure.get("aria-label", "").strip()) > 20, "a figure without alt text"
+
+
+@pytest.mark.parametrize("page", INTERACTIVE)
+def test_interactive_page_loads_vega_once_from_the_books_own_folder(page):
+    bundles = [s.get("src") for s in source_soup(page).find_all("script") if VEGA_BUNDLE in (s.get("src") or "")]
+    assert len(bundles) == 1, f"Vega's bundle is loaded {len(bundles)} times: {bundles}"
+    assert not urllib.parse.urlparse(bundles[0]).scheme and not bundles[0].startswith("//"), bundles[0]
+    target = (html_path(page).parent / bundles[0].split("?")[0]).resolve()
+    assert target.is_file() and HTML.resolve() in target.parents, f"{bundles[0]} is not a file of the book"
+
+
+@pytest.mark.parametrize("page", INTERACTIVE)
+def test_interactive_figures_move_from_the_keyboard(browser, page):
+    """Every figure draws, and its control, labelled and focused, changes the picture from the keyboard."""
+    figures = visit(browser, page, "interactive")["figures"]
+    assert len(figures) == interactive_in_notebook(page), f"{len(figures)} figures in the browser"
+    for n, figure in enumerate(figures, 1):
+        where = f"figure {n} ({figure['label'][:50]!r})"
+        assert figure["drawn"], f"{where} was not drawn: {figure['error']}"
+        assert figure["control"] in ("range", "radio", "checkbox"), f"{where}: a {figure['control']} control"
+        assert figure["control_label"], f"{where}: its {figure['control']} control has no label"
+        assert figure["focused"], f"{where}: its control does not take the keyboard's focus"
+        assert figure["changed"], f"{where}: its {figure['control']} control, used from the keyboard, changed nothing"
+
+
+@pytest.mark.parametrize("page", INTERACTIVE)
+def test_interactive_figures_stay_in_the_book_offline(browser, page):
+    """Vega runs from the book's bundle, fetched once; no request leaves the book's folder, even after the controls
+    moved; the console stays clean."""
+    report = visit(browser, page, "interactive")
+    inside = HTML.as_uri() + "/"
+    fetched = [url for url in report["requests"] if VEGA_BUNDLE in url]
+    assert len(fetched) == 1 and fetched[0].startswith(inside), f"Vega's bundle fetched as {fetched}"
+    assert report["vega"]["embed"], "vega-embed is not on the page"
+    assert len(report["vega"]["scripts"]) == 1, f"Vega's script on the page {len(report['vega']['scripts'])} times"
+    assert not report["outside"], f"{len(report['outside'])} requests left the book, first {report['outside'][:3]}"
+    assert not report["page_errors"], f"script errors: {report['page_errors'][:3]}"
+    assert not report["console_errors"], f"console errors: {report['console_errors'][:3]}"
