@@ -431,7 +431,7 @@ def _decode(q, k, v, num_splits, scale, fn, lengths=None):
     if B * H * L == 0:
         return out, None, num_splits
     if num_splits is None:
-        num_splits = split_count(B, H, L, Hkv, S_max, sms=_sms(q.device))
+        num_splits = split_count(B, H, L, Hkv, S_max, sms=_sms(q.device), tiles=_tiles(q.device))
     return out, scale, num_splits
 
 
