@@ -350,10 +350,6 @@ def _forward_tiles(
             p = tl.math.exp2(s - m_new[:, None])
         # rescales what was summed under the old maximum
         alpha = tl.math.exp2(m_i - m_new)
-        # Compiled for sm_90, ptxas serialises this kernel's wgmma, a wait after every
-        #   product (its C7515: "non wgmma
-        # instructions defining accumulator registers of a wgmma"); the rescale acc *
-        #   alpha is the likely culprit.
         # the tutorial's order: the row sum is folded into l after the product is issued
         if FOLD:
             l_ij = tl.sum(p, 1)
@@ -425,14 +421,20 @@ def _flash_forward(
     if WINDOWED:
         lo = (tl.maximum(start_m - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
         full = lo
-    acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, K_z, V_z, lo, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
-        E, EV, False, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA,
-    )
-    acc, l_i, m_i = _forward_tiles(
-        acc, l_i, m_i, q, K_z, V_z, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
-        E, EV, True, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA, WINDOW, WINDOWED,
-    )
+    # Each loop is entered only when it has a tile. On sm_90 a loop's last P V product is still running when the
+    # loop ends, and Triton waits for it there; a path that skipped the loop would reach that wait with acc set by
+    # plain copies, and ptxas then serialises every wgmma of the kernel (its note C7515: each product waits for the
+    # one before). tools/compile_report.py reports the note; tests/test_compile_report.py checks it is absent.
+    if lo < full:
+        acc, l_i, m_i = _forward_tiles(
+            acc, l_i, m_i, q, K_z, V_z, lo, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e,
+            qk_scale, E, EV, False, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA,
+        )
+    if full < hi:
+        acc, l_i, m_i = _forward_tiles(
+            acc, l_i, m_i, q, K_z, V_z, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e,
+            qk_scale, E, EV, True, CAUSAL, BLOCK_N, PRECISION, FOLD, TMA, WINDOW, WINDOWED,
+        )
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)  # a row with no key gets 0, not 0/0
     out = acc / l_safe[:, None]  # the one division, deferred to the end
@@ -665,14 +667,16 @@ def _flash_backward_q(
     else:
         hi = S
         full = (S // BLOCK_N) * BLOCK_N
-    dq = _backward_q_tiles(
-        dq, q, do, lse, delta, K_z, V_z, 0, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
-        E, EV, False, CAUSAL, BLOCK_N, PRECISION,
-    )
-    dq = _backward_q_tiles(
-        dq, q, do, lse, delta, K_z, V_z, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e,
-        qk_scale, E, EV, True, CAUSAL, BLOCK_N, PRECISION,
-    )
+    if 0 < full:  # each loop entered only when it has a tile, as in the forward kernel (ptxas's C7515)
+        dq = _backward_q_tiles(
+            dq, q, do, lse, delta, K_z, V_z, 0, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e,
+            qk_scale, E, EV, False, CAUSAL, BLOCK_N, PRECISION,
+        )
+    if full < hi:
+        dq = _backward_q_tiles(
+            dq, q, do, lse, delta, K_z, V_z, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e,
+            qk_scale, E, EV, True, CAUSAL, BLOCK_N, PRECISION,
+        )
     DQ_t = DQ + z * sdq_z + tl.cast(start_m, tl.int64) * sdq_l
     tl.store(DQ_t + rows0[:, None] * sdq_l + offs_e[None, :] * sdq_e, (dq * scale).to(DQ.dtype.element_ty),
              mask=in_rows[:, None] & (offs_e[None, :] < E))
