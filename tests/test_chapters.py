@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import yaml
@@ -372,6 +373,31 @@ def test_chapter_map_has_every_chapter_and_reads_its_minutes_from_the_notebook()
             assert before < (number or 99), f"chapter {number} builds on a later chapter, {before}"
     guide = boxes[None]
     assert guide["minutes"] == reading_minutes(reading_surface(json.loads((ROOT / "guide/debugging.ipynb").read_text())))
+
+
+def test_each_chapter_has_one_title_in_the_sidebar_the_map_and_the_landing_page_list():
+    """The sidebar shows a notebook's '# ' title; the map's box and intro.md's list must show the same words."""
+    extension = chapter_map()
+    boxes = {box["number"]: box for box in extension.entries() if box["number"]}
+    listed = dict(re.findall(r"^(\d+)\. \*\*(.+?)\.\*\*", (ROOT / "intro.md").read_text(), re.MULTILINE))
+    for path in CHAPTERS:
+        number = int(path.stem[:2])
+        title = extension.title_of(json.loads(path.read_text()))
+        assert boxes[number]["title"] == title, f"chapter {number}: the map says {boxes[number]['title']!r}"
+        assert listed.get(str(number)) == title, f"chapter {number}: intro.md's list says {listed.get(str(number))!r}"
+        assert len(textwrap.wrap(f"{number}  {title}", extension.TITLE_CHARS)) <= 2, f"chapter {number}'s title is too long for its box"
+
+
+def test_landing_page_counts_the_guides_bugs_from_the_guide():
+    """intro.md takes the number of the guide's bugs from {guide-bugs}, which counts its numbered headings."""
+    extension = chapter_map()
+    guide = json.loads((ROOT / "guide/debugging.ipynb").read_text())
+    text = "\n".join("".join(cell["source"]) for cell in guide["cells"] if cell["cell_type"] == "markdown")
+    numbers = [int(n) for n in re.findall(r"^## (\d+)\. ", text, re.MULTILINE)]
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) > 5
+    assert extension.guide_bugs() == len(numbers)
+    intro = (ROOT / "intro.md").read_text()
+    assert "{guide-bugs}`count` bugs" in intro and not re.search(r"\b(ten|eleven|twelve|thirteen|\d+) bugs", intro)
 
 
 def test_chapter_map_draws_a_linked_box_with_the_minutes_for_each_written_chapter():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import html
 import pathlib
 import sys
+import textwrap
 
 from docutils import nodes
 from docutils.parsers.rst import Directive
@@ -34,31 +35,43 @@ from lib.notebook import (
     reading_surface,
 )
 
-# number -> (short title, the chapters it builds on directly, (row, lane) on the map). Each notebook keeps its own
-# long title; these fit a box. The dependencies are the "builds on" links of each chapter's opening, each drawn once
+# number -> (title while the chapter is being written, the chapters it builds on directly, (row, lane) on the map).
+# A written chapter's box shows its notebook's own title, the one the sidebar and the landing page's list show,
+# wrapped onto two lines where it is long. The dependencies are the "builds on" links of each chapter's opening, each drawn once
 # (a chapter that builds on 5 through 6 gets no arrow from 5).
 CHAPTERS = {
-    1: ("Token by token", (), (0, 0)),
-    2: ("The matrix form", (1,), (1, 0)),
+    1: ("Attention, one token at a time", (), (0, 0)),
+    2: ("All tokens at once: the matrix form", (1,), (1, 0)),
     3: ("Why divide by √dₖ", (2,), (2, 0)),
-    4: ("A worked example", (3,), (3, 0)),
-    5: ("Masking, cross-attention", (4,), (4, 0)),
-    6: ("The attention module", (5,), (5, 0)),
-    7: ("Cost, and the way out", (5,), (5, 1)),
+    4: ("A worked example, by hand", (3,), (3, 0)),
+    5: ("Masking, and attending to another sequence", (4,), (4, 0)),
+    6: ("The complete attention module", (5,), (5, 0)),
+    7: ("What attention costs, and the way out", (5,), (5, 1)),
     8: ("What a score costs on a GPU", (7,), (6, 1)),
     9: ("FlashAttention in Triton", (8,), (7, 1)),
     10: ("From one head to a model", (6, 7), (6, 0)),
-    11: ("One merge", (9, 10), (8, 1)),
+    11: ("One merge across programs, ranks and pages", (9, 10), (8, 1)),
     12: ("Variants of the formula", (10,), (8, 0)),
 }
 GUIDE = ("guide/debugging", "Field guide: silent bugs", (1, 1))
-WIDTH, LANE, GAP, ROW, BOX = 560, 260, 20, 66, 50  # the drawing's units: px at its natural size
+WIDTH, LANE, GAP, ROW, BOX = 560, 260, 20, 82, 66  # the drawing's units: px at its natural size
+TITLE_CHARS = 28  # the characters of a title line that fit a box at the title's 15 px
 
 
 def notebook_of(number, root=ROOT):
     """The chapter's notebook, chapters/NN_slug.ipynb, or None while it is being written."""
     found = sorted((root / "chapters").glob(f"{number:02d}_*.ipynb"))
     return found[0] if found else None
+
+
+def title_of(notebook):
+    """The notebook's title: the text of its first Markdown heading of level 1."""
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "markdown":
+            for line in "".join(cell["source"]).splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    raise ValueError("the notebook has no '# ' title")
 
 
 def entries(root=ROOT):
@@ -68,7 +81,9 @@ def entries(root=ROOT):
     boxes = []
     for number, (title, builds_on, place) in CHAPTERS.items():
         path = notebook_of(number, root)
-        minutes = reading_minutes(reading_surface(json.loads(path.read_text()))) if path else None
+        notebook = json.loads(path.read_text()) if path else None
+        minutes = reading_minutes(reading_surface(notebook)) if path else None
+        title = title_of(notebook) if path else title
         docname = f"chapters/{path.stem}" if path else None
         boxes.append({"number": number, "title": title, "docname": docname, "minutes": minutes,
                       "builds_on": builds_on, "place": place, "path": path})
@@ -159,9 +174,12 @@ def svg(boxes, href, narrow=False):
             time += f" · after {' and '.join(map(str, box['builds_on']))}"
         kind = "chapter" if box["number"] else "guide"
         state = "" if box["docname"] else " planned"
+        lines = textwrap.wrap(label, TITLE_CHARS)[:2]
+        title = "".join(f'<tspan x="{x + 12}" dy="{0 if i == 0 else 18}">{html.escape(line)}</tspan>'
+                        for i, line in enumerate(lines))
         shape = (f'<rect class="box {kind}{state}" x="{x}" y="{y}" width="{LANE}" height="{BOX}" rx="8"/>'
-                 f'<text class="title" x="{x + 12}" y="{y + 21}">{html.escape(label)}</text>'
-                 f'<text class="minutes" x="{x + 12}" y="{y + 41}">{html.escape(time)}</text>')
+                 f'<text class="title" x="{x + 12}" y="{y + 21}">{title}</text>'
+                 f'<text class="minutes" x="{x + 12}" y="{y + 18 * len(lines) + 26}">{html.escape(time)}</text>')
         data = f' data-chapter="{box["number"] or "guide"}" data-minutes="{box["minutes"] or ""}"'
         if box["docname"]:
             name = f"Chapter {box['number']}: {box['title']}" if box["number"] else box["title"]
@@ -208,6 +226,23 @@ class ChapterMap(Directive):
         return [nodes.raw("", figure, format="html")]
 
 
+def guide_bugs(root=ROOT):
+    """How many bugs the field guide describes: its Markdown headings of the form '## N. ...'."""
+    import json
+    import re
+
+    notebook = json.loads((root / f"{GUIDE[0]}.ipynb").read_text())
+    return sum(bool(re.match(r"## \d+\. ", line)) for cell in notebook["cells"] if cell["cell_type"] == "markdown"
+               for line in "".join(cell["source"]).splitlines())
+
+
+def guide_bugs_role(name, rawtext, text, lineno, inliner, options=None, content=None):
+    """The role {guide-bugs}`count`: the number of bugs in the field guide, counted at build time."""
+    inliner.document.settings.env.note_dependency(str(ROOT / f"{GUIDE[0]}.ipynb"))
+    return [nodes.Text(str(guide_bugs()))], []
+
+
 def setup(app):
     app.add_directive("chapter-map", ChapterMap)
+    app.add_role("guide-bugs", guide_bugs_role)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
