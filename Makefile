@@ -38,8 +38,9 @@ test: $(STAMP) lint test-lib test-notebooks test-book test-browser
 lint: $(STAMP)
 	$(BIN)/ruff check lib tests tools benchmarks chapters guide
 
+# loadfile: a file stays on one worker, so the compile report compiles each architecture once, not once per worker
 test-lib: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -m "not browser" tests
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser" tests
 
 test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env \
