@@ -352,7 +352,7 @@ SIDEWAYS = """() => {
 
 # On a phone (after SIDEWAYS opened every fold): printed outputs whose lines wrap (a table's columns scrambled),
 # and wrapped lines of code that continue left of their own indentation (_static/book.js and custom.css give each
-# a hanging indent). A line's visual lines are the distinct tops of its text's boxes.
+# a hanging indent, at most 35vw). A line's visual lines are the distinct tops of its text's boxes.
 PHONE_LINES = """() => {
   const article = document.querySelector("article") || document.body;
   const rows = (node) => {
@@ -392,7 +392,8 @@ PHONE_LINES = """() => {
       if (found.length < 2) return;
       const indent = line.textContent.match(/^ */)[0].length;
       const start = found[0].left, next = Math.min(...found.slice(1).map((row) => row.left));
-      if (next < start + (indent + 1) * column - 1) lost.push(line.textContent.trim().slice(0, 60));
+      const room = Math.min((indent + 1) * column, 0.35 * innerWidth);  // custom.css caps the indent at 35vw
+      if (next < start + room - 1) lost.push(line.textContent.trim().slice(0, 60));
       else hung += 1;
     });
   });
