@@ -66,7 +66,7 @@ STYLE = (
     f".{MARKER} .vega-embed {{flex-direction: column; align-items: flex-start; max-width: 100%; overflow-x: auto}}"
     f" .{MARKER} .vega-bindings {{font-size: 0.9rem; margin: 0.4rem 0 0 0.5rem}}"
     f" .{MARKER} .vega-bind {{margin: 0.15rem 0}} .{MARKER} .vega-bind-name {{margin-right: 0.5rem}}"
-    f" .{MARKER} .vega-bind input[type=range] {{vertical-align: middle; width: 12rem}}"
+    f" .{MARKER} .vega-bind input[type=range] {{vertical-align: middle; width: 12rem; margin-right: 0.6rem}}"
     f" .{MARKER} .vega-bind-radio label {{margin: 0 0.8rem 0 0.2rem}}"
 )
 
@@ -195,6 +195,12 @@ def _num(x):
     """A component as a sum shows it: 2 decimals at most, a negative one in brackets."""
     text = f"{_r(x, 2):g}".replace("-", "−")
     return f"({text})" if x < 0 else text
+
+
+def _text_width(texts, font_size=11):
+    """Pixels a panel of text needs for its longest line: half the font size per character (a written-out sum in
+    Vega's default sans-serif measures about 0.45 of it per character in Chromium), plus 10 px."""
+    return math.ceil(max(len(t) for t in texts) * 0.5 * font_size) + 10
 
 
 def _line(rows, where, width):
@@ -387,7 +393,8 @@ def score_products(Q, K, labels=None, *, scale=None):
                                                   title="scores S = Q Kᵀ · scale")
     sums = (base.transform_filter("datum.i == row").mark_text(align="left", fontSize=11)
             .encode(x=alt.value(0), y=alt.Y("k:N", sort=cols, title=None, axis=None), text="short:N")
-            .properties(width=80 * d + 70, height=32 * len(Ka), title="q_i · k_j, the chosen row written out"))
+            .properties(width=max(80 * d + 70, _text_width(c["short"] for c in cells)), height=32 * len(Ka),
+                        title="q_i · k_j, the chosen row written out"))
     chart = alt.hconcat(matrix, sums).add_params(row)
     return Interactive(chart, "score-products", "a slider: the query row i")
 
@@ -491,7 +498,7 @@ def online_softmax(scores, values, block):
     state_data = alt.Chart(_data(states)).transform_filter("datum.t == t")
     max_rule = state_data.mark_rule(color=RED, strokeDash=[4, 3]).encode(y="m:Q")
     left = (score_bars + max_rule).properties(width=min(18 * len(s), 320), height=200,
-                                              title="scores (red: running max m)")
+                                              title="scores (dashed line: running max m)")
     out_scale = alt.Scale(domain=[float(min(V.min(), 0)), float(max(V.max(), 0))])
     out_bars = (alt.Chart(_data(outs)).transform_filter("datum.t == t")
                 .mark_bar(color=GREEN).encode(x=alt.X("c:N", title=None), y=alt.Y("o:Q", scale=out_scale,
@@ -689,7 +696,7 @@ def ring_steps(N=1024, world_size=4, *, tile=64, layouts=("contiguous", "zigzag"
     text = base.transform_filter("datum.step <= step").mark_text(fontSize=11, color="white").encode(
         x=alt.X("block:N", sort=blocks), y=alt.Y("rank:N", sort=ranks), text="tiles:Q")
     grid = (done + now + text).properties(width=70 * P, height=36 * P,
-                                          title="tiles each rank computes (red: this step)")
+                                          title="tiles each rank computes (outlined: this step)")
     line = _line(totals, "datum.layout == layout && datum.step == step", 70 * P)
     chart = alt.vconcat(grid, line).add_params(step, layout)
     return Interactive(chart, "ring-steps", "a slider: the ring step; radio buttons: the layout")

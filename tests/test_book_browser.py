@@ -1,7 +1,9 @@
 """The built book as a reader's browser shows it: every page built, every formula rendered offline by MathJax,
 every internal link and asset present, every figure described, every chapter one click from Colab; on a 400 px
-phone the menu and the contents open; at 1,400 px no code cell or output scrolls sideways; no page shows raw TeX;
-every interactive figure draws from the book's own copy of Vega and moves when its control is used from the keyboard.
+phone the menu and the contents open, printed outputs keep their lines, wrapped code keeps its indentation and
+the interactive figures fit the column; at 1,400 px no code cell or output scrolls sideways; no page shows raw TeX;
+every interactive figure draws from the book's own copy of Vega, carries a label that stays true, keeps light
+controls in dark mode, and moves when its control is used from the keyboard.
 
 Needs `make book` (or `make test-book`) first, and Debian's chromium-headless-shell; `make test-browser` runs it
 and says so when either is missing. The layout tests drive that Chromium with Playwright (no browser download:
@@ -348,12 +350,113 @@ SIDEWAYS = """() => {
   return {code, outputs, formulas};
 }"""
 
+# On a phone (after SIDEWAYS opened every fold): printed outputs whose lines wrap (a table's columns scrambled),
+# and wrapped lines of code that continue left of their own indentation (_static/book.js and custom.css give each
+# a hanging indent, at most 35vw). A line's visual lines are the distinct tops of its text's boxes.
+PHONE_LINES = """() => {
+  const article = document.querySelector("article") || document.body;
+  const rows = (node) => {
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    const boxes = [...range.getClientRects()].filter((box) => box.width > 0).sort((a, b) => a.top - b.top);
+    const found = [];
+    boxes.forEach((box) => {
+      const last = found[found.length - 1];
+      if (last && box.top - last.top < box.height / 2) last.left = Math.min(last.left, box.left);
+      else found.push({top: box.top, left: box.left});
+    });
+    return found;
+  };
+  const shown = (el) => el.getBoundingClientRect().height > 0;
+  const first = (el) => el.textContent.trim().split("\\n")[0].slice(0, 60);
+  const lines = (text) => text.replace(/\\n$/, "").split("\\n").filter((line) => line.length).length;
+  const wrapped = [], lost = [];
+  let hung = 0;
+  article.querySelectorAll(".cell_output pre").forEach((pre) => {
+    if (shown(pre) && rows(pre).length > lines(pre.textContent)) wrapped.push(first(pre));
+  });
+  article.querySelectorAll(".cell_input pre, div.highlight pre").forEach((pre) => {
+    if (pre.closest(".cell_output") || !shown(pre)) return;
+    const units = [...pre.querySelectorAll("span.code-line")];
+    if (!units.length) {
+      if (rows(pre).length > lines(pre.textContent)) lost.push(first(pre) + " (no line spans)");
+      return;
+    }
+    const probe = document.createElement("span");
+    probe.textContent = "0".repeat(20);
+    pre.appendChild(probe);
+    const column = probe.getBoundingClientRect().width / 20;
+    probe.remove();
+    units.forEach((line) => {
+      const found = rows(line);
+      if (found.length < 2) return;
+      const indent = line.textContent.match(/^ */)[0].length;
+      const start = found[0].left, next = Math.min(...found.slice(1).map((row) => row.left));
+      const room = Math.min((indent + 1) * column, 0.35 * innerWidth);  // custom.css caps the indent at 35vw
+      if (next < start + room - 1) lost.push(line.textContent.trim().slice(0, 60));
+      else hung += 1;
+    });
+  });
+  return {wrapped, lost, hung};
+}"""
+
+# On a phone, each interactive figure once drawn: its picture against the column (right edges, and the scale at
+# which custom.css draws it: the width drawn over the width Vega laid out), and its controls' right edges.
+FIGURES_ON_A_PHONE = """(mark) => [...document.querySelectorAll("." + mark)].map((figure) => {
+  const column = figure.getBoundingClientRect(), svg = figure.querySelector(".vega-embed > svg");
+  if (!svg) return {drawn: false};
+  const box = svg.getBoundingClientRect(), embed = figure.querySelector(".vega-embed");
+  return {
+    drawn: true, column: column.right, right: box.right, scale: box.width / svg.viewBox.baseVal.width,
+    scrolls: embed.scrollWidth > embed.clientWidth + 1,
+    controls: [...figure.querySelectorAll(".vega-bind input")].map((el) => el.getBoundingClientRect().right),
+  };
+})"""
+
+
+def figures_on_a_phone(tab):
+    figures = tab.locator(f".{INTERACTIVE_MARK}")
+    for n in range(figures.count()):
+        try:
+            figures.nth(n).locator(".vega-embed > svg").first.wait_for(timeout=20_000)
+        except PlaywrightTimeout:
+            break
+    return tab.evaluate(FIGURES_ON_A_PHONE, INTERACTIVE_MARK)
+
+
+# In dark mode, each figure control's colour scheme and accent, and the brightness of the box it is drawn on.
+CONTROL_COLOURS = """(mark) => {
+  const rgba = (text) => (text.match(/[\\d.]+/g) || []).map(Number);
+  const behind = (el) => {
+    for (; el; el = el.parentElement) {
+      const colour = rgba(getComputedStyle(el).backgroundColor);
+      if (colour.length === 3 || colour[3] > 0.5) return colour;
+    }
+    return [255, 255, 255];
+  };
+  return [...document.querySelectorAll("." + mark + " .vega-bind input")].map((input) => {
+    const style = getComputedStyle(input), [r, g, b] = behind(input);
+    return {kind: input.type, scheme: style.colorScheme, accent: style.accentColor,
+            light: (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255 > 0.5};
+  });
+}"""
+
+
 # The interactive figures (lib/interactive.py): whether Vega came from the book's own bundle, and then each figure
 # drawn, its first control focused and operated from the keyboard, and its picture compared before and after.
 VEGA_ON_THE_PAGE = """(bundle) => ({
   embed: typeof window.vegaEmbed === "function",
   scripts: [...document.querySelectorAll("script[src]")].map((s) => s.src).filter((src) => src.includes(bundle)),
 })"""
+
+
+# A focused slider: the room between the right edge of its focus ring and the value printed after it (negative:
+# the ring covers the value).
+RING_GAP = """(el) => {
+  const style = getComputedStyle(el), box = el.getBoundingClientRect(), value = el.nextElementSibling;
+  const ring = style.outlineStyle === "none" ? 0 : parseFloat(style.outlineWidth) + parseFloat(style.outlineOffset);
+  return value ? value.getBoundingClientRect().left - (box.right + Math.max(ring, 0)) : null;
+}"""
 
 
 def operate_the_figures(tab):
@@ -386,7 +489,8 @@ def operate_the_figures(tab):
                 changed = True
                 break
         found.append({"label": label, "drawn": True, "control": kind, "control_label": labelled,
-                      "focused": control.evaluate("(el) => el === document.activeElement"), "changed": changed})
+                      "focused": control.evaluate("(el) => el === document.activeElement"), "changed": changed,
+                      "ring_gap": control.evaluate(RING_GAP) if kind == "range" else None})
     return found
 
 
@@ -396,8 +500,8 @@ PROBES = {
     "desktop": {"mathjax_errors": MATHJAX_ERRORS, "prose": PROSE, "folds": (FOLD_STYLES, TOGGLES),
                 "check_contrast": CHECK_CONTRAST, "sideways": SIDEWAYS},
     "phone": {"page_width": "() => document.documentElement.scrollWidth", "toggle_heights": (TOGGLE_HEIGHTS, TOGGLES),
-              "sideways": SIDEWAYS},
-    "dark": {"check_contrast": CHECK_CONTRAST},
+              "sideways": SIDEWAYS, "lines": PHONE_LINES, "figures": figures_on_a_phone},
+    "dark": {"check_contrast": CHECK_CONTRAST, "controls": (CONTROL_COLOURS, INTERACTIVE_MARK)},
     "interactive": {"vega": (VEGA_ON_THE_PAGE, VEGA_BUNDLE), "figures": operate_the_figures},
 }
 _VISITS = {}
@@ -466,6 +570,26 @@ def test_phone_code_wraps_instead_of_scrolling_sideways(browser, page):
     """At 400 px an 88-column line does not fit: code wraps in the column (_static/custom.css), every fold open."""
     found = visit(browser, page, "phone")["sideways"]
     assert not found["code"], f"{len(found['code'])} code blocks scroll sideways at 400 px, first {found['code'][:3]}"
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_phone_printed_outputs_keep_their_lines(browser, page):
+    """A printed table keeps its columns at 400 px: no output's line wraps (a wide one scrolls in its own box)."""
+    wrapped = visit(browser, page, "phone")["lines"]["wrapped"]
+    assert not wrapped, f"{len(wrapped)} printed outputs wrap their lines at 400 px, first {wrapped[:3]}"
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_phone_wrapped_code_keeps_its_indentation(browser, page):
+    """A line of code wrapped at 400 px continues to the right of its own indentation, never at the left edge."""
+    lines = visit(browser, page, "phone")["lines"]
+    assert not lines["lost"], f"{len(lines['lost'])} wrapped lines of code lose their indentation, first {lines['lost'][:3]}"
+
+
+def test_phone_wraps_some_code_with_a_hanging_indent(browser):
+    """The check above must have something to check: chapter 9's excerpts of the kernel wrap on a phone."""
+    page = next(p for p in CHAPTERS if p.startswith("chapters/09_"))
+    assert visit(browser, page, "phone")["lines"]["hung"] >= 5
 
 
 @pytest.mark.parametrize("page", NOTEBOOK_PAGES)
@@ -579,14 +703,53 @@ def test_the_book_has_interactive_figures():
     assert INTERACTIVE, f"no chapter stores an interactive figure (an output with class {INTERACTIVE_MARK!r})"
 
 
+def first_frame_alts(page):
+    """The alt text of each interactive figure's cell: it describes the first frame (the stored PNG)."""
+    cells = json.loads((ROOT / f"{page}.ipynb").read_text())["cells"]
+    return [c.get("metadata", {}).get("mystnb", {}).get("image", {}).get("alt", "") for c in cells
+            if any(INTERACTIVE_MARK in "".join(o.get("data", {}).get("text/html", "")) for o in c.get("outputs", []))]
+
+
 @pytest.mark.parametrize("page", INTERACTIVE)
-def test_interactive_figures_reach_the_page_with_their_alt_text(page):
-    """Each figure the notebook stores is on the built page, labelled with its alt text (tools/interactive_figures.py)."""
+def test_interactive_figures_reach_the_page_with_a_label_that_stays_true(page):
+    """Each figure the notebook stores is on the built page with a static label (tools/interactive_figures.py): its
+    number, its caption and its control. Not the first frame's alt text, which would go stale once the control
+    moves: that stays on the PNG."""
     figures = source_soup(page).select(f"article .{INTERACTIVE_MARK}")
     stored = interactive_in_notebook(page)
     assert len(figures) == stored, f"{len(figures)} figures on the page, {stored} in the notebook"
-    for figure in figures:
-        assert figure.get("role") == "group" and len(figure.get("aria-label", "").strip()) > 20, "a figure without alt text"
+    for figure, alt in zip(figures, first_frame_alts(page)):
+        label = figure.get("aria-label", "")
+        assert figure.get("role") == "group", "a figure without role=group"
+        assert re.match(r"Interactive figure \d+\.\d+: \S", label), f"the label does not name the figure: {label[:80]!r}"
+        caption = figure.find_parent("figure").select_one("figcaption").get_text(" ", strip=True)
+        assert " ".join(caption.split()[2:8]) in label, f"the label leaves out the caption: {label[:80]!r}"
+        assert re.search(r" Control: (a slider|sliders|radio buttons|a checkbox)", label), label[-120:]
+        assert not alt or alt[:40] not in label, f"the label repeats the first frame's alt text: {label[:80]!r}"
+
+
+@pytest.mark.parametrize("page", INTERACTIVE)
+def test_interactive_figures_fit_the_phone_column(browser, page):
+    """At 400 px each figure is laid out for the column (panels stacked, tools/interactive_figures.py) and drawn no
+    wider than it, at no less than 3/4 of its size (11 px text stays 8 px or more); its controls stay in it."""
+    figures = visit(browser, page, "phone")["figures"]
+    assert len(figures) == interactive_in_notebook(page), f"{len(figures)} figures at 400 px"
+    for n, figure in enumerate(figures, 1):
+        assert figure["drawn"], f"figure {n} was not drawn at 400 px"
+        assert figure["right"] <= figure["column"] + 1 and not figure["scrolls"], f"figure {n} is wider than the column"
+        assert figure["scale"] >= 0.75, f"figure {n} is drawn at {figure['scale']:.2f} of its size: too small to read"
+        assert all(right <= figure["column"] + 1 for right in figure["controls"]), f"figure {n}: a control off the column"
+
+
+@pytest.mark.parametrize("page", INTERACTIVE)
+def test_interactive_controls_in_dark_mode_match_their_box(browser, page):
+    """In dark mode the figure stays on a light box, so its radio buttons, checkboxes and sliders are drawn in the
+    light scheme (Chromium's dark scheme drew an unchosen radio button as a dark disk) with the book's accent."""
+    controls = visit(browser, page, "dark")["controls"]
+    assert controls, "no figure control on the page"
+    wrong = [c for c in controls if c["scheme"] != ("light" if c["light"] else "dark")]
+    assert not wrong, f"{len(wrong)} controls drawn in a scheme unlike the box behind them, first {wrong[:2]}"
+    assert all(c["accent"] not in ("auto", "") for c in controls), "the controls keep the browser's accent colour"
 
 
 @pytest.mark.parametrize("page", INTERACTIVE)
@@ -610,6 +773,8 @@ def test_interactive_figures_move_from_the_keyboard(browser, page):
         assert figure["control_label"], f"{where}: its {figure['control']} control has no label"
         assert figure["focused"], f"{where}: its control does not take the keyboard's focus"
         assert figure["changed"], f"{where}: its {figure['control']} control, used from the keyboard, changed nothing"
+        if figure["ring_gap"] is not None:
+            assert figure["ring_gap"] >= 0, f"{where}: the slider's focus ring covers its value ({figure['ring_gap']:.1f} px)"
 
 
 @pytest.mark.parametrize("page", INTERACTIVE)

@@ -266,6 +266,77 @@ def test_bad_arguments_are_named(call, error, words):
         call()
 
 
+def test_score_products_text_panel_holds_its_longest_sum():
+    """Figure 2.2 clipped its written-out sums by up to 30 px: the panel is as wide as its longest line needs
+    (0.45 of the font size per character, as Chromium measures Vega's sans-serif, plus room)."""
+    rng = np.random.default_rng(1)
+    fig = I.score_products(np.round(rng.standard_normal((6, 4)) * 1.3, 2), rng.standard_normal((6, 4)),
+                           ["the", "cat", "sat", "on", "the", "mat"])
+    longest = max(len(r["short"]) for r in rows_with(fig, "short"))
+    panel = next(c for c in fig.spec["hconcat"] if "written out" in json.dumps(c.get("title", "")))
+    assert panel["width"] >= 0.45 * 11 * longest + 10, (panel["width"], longest)
+
+
+def colour_words_and_marks(spec):
+    """(title, the colours its marks are drawn in) for every titled panel of the spec."""
+    found = []
+
+    def colours(node):  # every colour written in the panel's marks, encodings and scales
+        if isinstance(node, str):
+            return {node.upper()} if re.fullmatch(r"#[0-9A-Fa-f]{6}", node) else set()
+        values = node.values() if isinstance(node, dict) else node if isinstance(node, list) else []
+        return set().union(*[colours(value) for value in values])
+
+    def walk(node):
+        if isinstance(node, dict):
+            title = node.get("title")
+            if isinstance(title, str) and ("layer" in node or "mark" in node):
+                found.append((title, colours(node)))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(spec)
+    return found
+
+
+COLOUR_WORDS = {"blue": {I.BLUE}, "orange": {I.ORANGE}, "green": {I.GREEN}, "grey": {I.GREY},
+                "red": set(), "yellow": set(), "pink": {I.PINK}}  # the palette has no red: #D55E00 is vermillion
+
+
+def every_figure():
+    import torch
+
+    from lib.model import TinyLM
+
+    torch.manual_seed(0)
+    lm, tokens = TinyLM(12, 16, 2, 2, d_ff=0), torch.randint(0, 12, (8, 10))
+    lm.fit_head_means(tokens)
+    return [I.temperature_jacobian([1.6, 1.3, 0.9, 0.0]), I.query_angle(KEYS, VALUES), I.score_products(KEYS, VALUES),
+            I.mask_alignment(4, 4), I.online_softmax([1.0, 3.0, 0.5, 2.0, 5.0, -1.0], np.eye(6)[:, :3], 2),
+            I.tile_roofline(1024, 64, tiles=(32, 64, 128)), I.head_ablation(lm, tokens, length=8),
+            I.ring_steps(512, 4, tile=32), I.sliding_window(8)]
+
+
+def test_a_colour_named_in_a_title_is_the_colour_of_its_marks():
+    """Figure 7.3 said "red: running max m" and 11.5 "red: this step" over vermillion marks a reader calls orange."""
+    checked = 0
+    for fig in every_figure():
+        for title, colours in colour_words_and_marks(fig.spec):
+            for word in re.findall(r"[a-z]+", title.lower()):
+                if word in COLOUR_WORDS:
+                    checked += 1
+                    assert COLOUR_WORDS[word] & colours, f"{fig.name}: {title!r} names {word}, drawn in {colours}"
+    assert checked >= 2, "no title names a colour: the check checked nothing"
+
+
+def test_a_slider_leaves_room_for_its_focus_ring():
+    """The keyboard focus ring of a slider covered the value printed after it."""
+    assert re.search(r"input\[type=range\] \{[^}]*margin-right: 0\.[5-9]rem", I.STYLE)
+
+
 def test_the_bundle_matches_the_snippets():
     sys.path.insert(0, str(ROOT / "tools"))
     import interactive_figures
@@ -340,8 +411,13 @@ def test_demo_page_loads_the_bundle_once_from_its_own_folder(demo_book):
     scripts = re.findall(r'<script[^>]*src="([^"]*vega-bundle[^"]*)"', page)
     assert len(scripts) == 1 and not re.match(r"^\w+://", scripts[0]), scripts
     assert (demo_book / scripts[0].split("?")[0]).is_file()
-    assert page.count('class="sdpa-interactive" role="group" aria-label="Bars of four softmax weights') == 1
-    assert page.count('class="sdpa-interactive" role="group" aria-label="') == FIGURES
+    # a static label: the figure's number, caption and control; the first frame's alt text stays on the PNG
+    assert page.count('class="sdpa-interactive" role="group" aria-label="Interactive figure 1: The slider multiplies '
+                      'the scores by c: the weights and the Jacobian. Control: a slider: the multiplier c of the '
+                      'scores;') == 1
+    assert page.count('class="sdpa-interactive" role="group" aria-label="Interactive figure ') == FIGURES
+    assert 'aria-label="Bars of four softmax weights' not in page
+    assert page.count("window.vegaEmbed = wrapped") == 1, "the phone layout's wrapper of vegaEmbed is not on the page"
     assert re.search(r"Fig\. 1.{0,40}The slider multiplies the scores", page, re.DOTALL), "no numbered caption"
     bytes_gained = len(page.encode()) + (demo_book / scripts[0].split("?")[0]).stat().st_size
     print(f"demo page: {len(page.encode())} bytes of HTML, bundle {bytes_gained - len(page.encode())} bytes")

@@ -8,9 +8,14 @@ folder, so this extension
   puts on every page);
 - adds it, and one line telling the snippets that Vega is there (``VEGA_DEBUG``, the versions the snippet checks
   before it loads anything), only to the pages that hold an interactive figure, once each;
-- gives each figure its alt text: myst-nb puts the cell's ``mystnb.image.alt`` on the first frame (the PNG the
-  snippet carries for readers without JavaScript), and the HTML build shows the snippet instead, so the alt text
-  becomes the snippet's ``aria-label``.
+- gives each figure a label that stays true while its control moves: the snippet's ``aria-label`` names the
+  figure (its number and caption) and its control (from the figure's one-line text/plain, "<interactive figure
+  NAME: CONTROL>"). The cell's ``mystnb.image.alt`` describes the first frame only, so it stays on that frame (the
+  PNG for readers without JavaScript) and is not copied to the snippet, which would keep describing the first
+  frame after the control moved;
+- on a column narrower than a figure (a phone), stacks the figure's side-by-side panels before Vega draws it
+  (every ``hconcat`` of the spec becomes a ``vconcat``); `_static/custom.css` scales what is still wider to the
+  column.
 `_config.yml` loads it (``sphinx.local_extensions``: ``interactive_figures: tools/``).
 """
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import html
 import pathlib
+import re
 
 from docutils import nodes
 from sphinx.transforms.post_transforms import SphinxPostTransform
@@ -62,8 +68,73 @@ def write_bundle(app):
         path.write_text(text, encoding="utf-8")
 
 
+CONTROL = re.compile(r"^<interactive figure [^:>]+: (.+)>$")
+
+# Run after vl-convert's bundle, before any snippet draws: vegaEmbed, wrapped, lays a figure out for a column
+# narrower than NARROW px (a phone; the widest figure is about 730 px): its panels stacked (hconcat -> vconcat),
+# no panel wider than the column less 80 px for its axis, and a line of text (a left-aligned text mark) broken
+# between its clauses. Only the layout changes: the data, the marks and the controls are those of the spec.
+NARROW = 576
+STACK_ON_A_PHONE = """(function () {
+  var embed = window.vegaEmbed;
+  if (typeof embed !== "function") return;
+  // a comma followed by no ")" before the next "(": a line of text breaks between its clauses, not inside a tuple
+  var clauses = {expr: "regexp(', (?![^(]*[)])')"};
+  function stack(spec, widest) {
+    if (Array.isArray(spec)) return spec.map(function (part) { return stack(part, widest); });
+    if (spec === null || typeof spec !== "object") return spec;
+    var out = {};
+    Object.keys(spec).forEach(function (key) {
+      var value = spec[key];
+      if (key === "datasets" || key === "data") out[key] = value;
+      else if (key === "width" && typeof value === "number") out[key] = Math.min(value, widest);
+      else out[key === "hconcat" ? "vconcat" : key] = stack(value, widest);
+    });
+    var mark = out.mark;
+    if (mark && mark.type === "text" && mark.align === "left" && !mark.lineBreak) {
+      out.mark = Object.assign({}, mark, {lineBreak: clauses});
+    }
+    return out;
+  }
+  function stacked(el, spec) {
+    var column = el.closest ? el.closest(".sdpa-interactive") : null;
+    var width = (column || el).getBoundingClientRect().width || window.innerWidth;
+    return width < NARROW_PX ? stack(spec, Math.max(160, width - 80)) : spec;
+  }
+  var wrapped = function (el, spec, options) {
+    var target = typeof el === "string" ? document.querySelector(el) : el;
+    return embed(el, target && typeof spec === "object" ? stacked(target, spec) : spec, options);
+  };
+  Object.keys(embed).forEach(function (key) { wrapped[key] = embed[key]; });
+  window.vegaEmbed = wrapped;
+})();""".replace("NARROW_PX", str(NARROW))
+
+
+def label(bundle, env, docname) -> str:
+    """The figure's static label: "Interactive figure N.M: <caption> Control: <its control>."."""
+    plain = [c.astext().strip() for c in bundle.children
+             if isinstance(c, nodes.container) and c.get("mime_type") == "text/plain"]
+    found = CONTROL.match(plain[0]) if plain else None
+    control = found.group(1) if found else "the control under it"
+    figure, number, caption = bundle.parent, "", ""
+    while figure is not None and not isinstance(figure, nodes.figure):
+        figure = figure.parent
+    if figure is not None:
+        captions = list(figure.findall(nodes.caption))
+        caption = " ".join(captions[0].astext().split()) if captions else ""
+        numbers = getattr(env, "toc_fignumbers", {}).get(docname, {}).get("figure", {})
+        for name in figure.get("ids", []):
+            if name in numbers:
+                number = " " + ".".join(map(str, numbers[name]))
+                break
+    text = f"Interactive figure{number}: {caption}" if caption else f"Interactive figure{number}."
+    if not text.endswith((".", ":")):
+        text += "."
+    return f"{text} Control: {control}; the picture and the line under it follow it."
+
+
 class AltText(SphinxPostTransform):
-    """Before myst-nb picks one output per builder (its priority 4), copy the first frame's alt to the snippet."""
+    """Before myst-nb picks one output per builder (its priority 4), label the snippet (see label)."""
 
     default_priority = 3
     formats = ("html",)
@@ -73,13 +144,11 @@ class AltText(SphinxPostTransform):
             if bundle.get("nb_element") != "mime_bundle":
                 continue
             raws = [n for n in bundle.findall(nodes.raw) if MARKER in n.astext()]
-            alts = [n.get("alt") for n in bundle.findall(nodes.image) if n.get("alt")]
             for raw in raws:
-                if alts:
-                    label = html.escape(alts[0], quote=True)
-                    text = raw.astext().replace(MARKER, f'{MARKER} role="group" aria-label="{label}"', 1)
-                    raw.children = [nodes.Text(text)]
-                    raw.rawsource = text
+                text = html.escape(label(bundle, self.env, self.env.docname), quote=True)
+                text = raw.astext().replace(MARKER, f'{MARKER} role="group" aria-label="{text}"', 1)
+                raw.children = [nodes.Text(text)]
+                raw.rawsource = text
 
 
 def add_scripts(app, pagename, templatename, context, doctree):
@@ -88,6 +157,7 @@ def add_scripts(app, pagename, templatename, context, doctree):
     app.add_js_file(BUNDLE, priority=400)
     flags = ", ".join(f'{key}: "{value}"' for key, value in versions().items())
     app.add_js_file(None, body=f"var VEGA_DEBUG = {{{flags}}};", priority=401)
+    app.add_js_file(None, body=STACK_ON_A_PHONE, priority=402)
 
 
 def setup(app):
