@@ -62,15 +62,21 @@ def gpu(name: str) -> GPU:
     return _gpu(name, "name")
 
 
-def _gpu(value, argument):
-    if isinstance(value, GPU):
+def _named(value, argument, kind, table, missing):
+    """``value`` itself if it is a ``kind``, else the entry of ``table`` it names, with a clear error naming
+    ``argument`` for anything else."""
+    if isinstance(value, kind):
         return value
     if not isinstance(value, str):
-        raise TypeError(f"{argument} must be a lib.cost.GPU or one of the names {', '.join(GPUS)}; got "
+        raise TypeError(f"{argument} must be a lib.cost.{kind.__name__} or one of the names {', '.join(table)}; got "
                         f"{type(value).__name__}")
-    if value not in GPUS:
-        raise ValueError(f"{argument}={value!r}: no rates for that GPU; known: {', '.join(GPUS)}")
-    return GPUS[value]
+    if value not in table:
+        raise ValueError(f"{argument}={value!r}: {missing}; known: {', '.join(table)}")
+    return table[value]
+
+
+def _gpu(value, argument):
+    return _named(value, argument, GPU, GPUS, "no rates for that GPU")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -409,14 +415,7 @@ def model(name: str) -> Transformer:
 
 
 def _model(name, argument):
-    if isinstance(name, Transformer):
-        return name
-    if not isinstance(name, str):
-        raise TypeError(f"{argument} must be a lib.cost.Transformer or one of the names {', '.join(MODELS)}; got "
-                        f"{type(name).__name__}")
-    if name not in MODELS:
-        raise ValueError(f"{argument}={name!r}: no shape for that model; known: {', '.join(MODELS)}")
-    return MODELS[name]
+    return _named(name, argument, Transformer, MODELS, "no shape for that model")
 
 
 def forward_flops(shape, n_tokens, *, causal=True):
