@@ -342,13 +342,9 @@ def test_the_ring_computes_no_block_pair_that_lies_wholly_in_the_future(monkeypa
     assert pairs == expected
 
 
-def test_each_step_posts_the_next_blocks_transfer_before_computing(monkeypatch):
-    """The schedule, recorded in one process: a stand-in ring of 3 ranks whose transfers return the same block."""
-    events = []
-
-    def exchange(tensors, send_to, recv_from, group):
-        events.append("send")
-        return ([], tensors), [t.clone() for t in tensors]
+def _one_process_ring(monkeypatch, exchange, events, forward=True):
+    """A stand-in ring of 3 ranks in this one process: transfers go through ``exchange``, and each block's
+    backward computation (and forward one, with ``forward``) appends "compute" to ``events``."""
 
     def computing(fn):
         def wrapped(*args):
@@ -360,8 +356,20 @@ def test_each_step_posts_the_next_blocks_transfer_before_computing(monkeypatch):
     monkeypatch.setattr(ring, "_validate", lambda *args, **kwargs: None)
     monkeypatch.setattr(ring, "_peer", lambda group, r: r)
     monkeypatch.setattr(ring, "_exchange", exchange)
-    monkeypatch.setattr(ring, "_block_state", computing(ring._block_state))
+    if forward:
+        monkeypatch.setattr(ring, "_block_state", computing(ring._block_state))
     monkeypatch.setattr(ring, "_block_grads", computing(ring._block_grads))
+
+
+def test_each_step_posts_the_next_blocks_transfer_before_computing(monkeypatch):
+    """The schedule, recorded in one process: a stand-in ring of 3 ranks whose transfers return the same block."""
+    events = []
+
+    def exchange(tensors, send_to, recv_from, group):
+        events.append("send")
+        return ([], tensors), [t.clone() for t in tensors]
+
+    _one_process_ring(monkeypatch, exchange, events)
     q = torch.randn(1, 6, 4, requires_grad=True)
     out = ring.ring_attention(q, q, q)
     assert events == ["send", "compute", "send", "compute", "compute"]
@@ -385,18 +393,8 @@ def test_the_backward_waits_for_a_gradient_transfer_only_after_the_next_computat
     def wait(transfer):
         events.append(f"wait {transfer[0][0]}")
 
-    def computing(fn):
-        def wrapped(*args):
-            events.append("compute")
-            return fn(*args)
-        return wrapped
-
-    monkeypatch.setattr(ring, "_group_rank_size", lambda group, what: (0, 3))
-    monkeypatch.setattr(ring, "_validate", lambda *args, **kwargs: None)
-    monkeypatch.setattr(ring, "_peer", lambda group, r: r)
-    monkeypatch.setattr(ring, "_exchange", exchange)
+    _one_process_ring(monkeypatch, exchange, events, forward=False)
     monkeypatch.setattr(ring, "_wait", wait)
-    monkeypatch.setattr(ring, "_block_grads", computing(ring._block_grads))
     q = torch.randn(1, 6, 4, requires_grad=True)
     out = ring.ring_attention(q, q, q)
     events.clear()
