@@ -113,12 +113,17 @@ def _numpy_input(x, module, twin, name="x"):
     if _is_tensor(x):
         raise TypeError(f"{name} is a torch.Tensor but {module} is the NumPy module: use lib.nn.{twin}, or pass "
                         f"{name}.numpy()")
+    return _numeric(x, name, "fiu", "the module needs real floating-point or integer input")
+
+
+def _numeric(x, name, kinds, needed):
+    """x as a NumPy array whose dtype kind is one of ``kinds``, or a TypeError naming it and saying what is needed."""
     try:
         x = np.asarray(x)
     except (ValueError, TypeError) as err:
         raise TypeError(f"{name} could not be read as a numeric array: {err}") from None
-    if x.dtype.kind not in "fiu":
-        raise TypeError(f"{name} has dtype {x.dtype}; the module needs real floating-point or integer input")
+    if x.dtype.kind not in kinds:
+        raise TypeError(f"{name} has dtype {x.dtype}; {needed}")
     return x
 
 
@@ -210,13 +215,7 @@ def _array(x, name="x"):
     """A torch tensor as it is; anything else as a NumPy array, refused by name if it is not numeric."""
     if _is_tensor(x):
         return x
-    try:
-        x = np.asarray(x)
-    except (ValueError, TypeError) as err:
-        raise TypeError(f"{name} could not be read as a numeric array: {err}") from None
-    if x.dtype.kind not in "fiub":
-        raise TypeError(f"{name} has dtype {x.dtype}; a numeric array or a torch tensor is needed")
-    return x
+    return _numeric(x, name, "fiub", "a numeric array or a torch tensor is needed")
 
 
 def split_heads(x, n_heads):
