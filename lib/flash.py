@@ -17,6 +17,7 @@ small sizes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -72,9 +73,10 @@ INTERPRETER_TILES = Tiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
 # each architecture has its own table, picked at launch from the GPU's compute capability (tile_table). Every
 # choice of every table is compiled for its architecture by tools/compile_report.py in CI, as the JIT specialises
 # a contiguous launch (bfloat16; float16 on sm_75, which has no bfloat16 tensor-core products): at head sizes 64
-# and 128 (where its max_head allows) none spills registers, all fit one block's shared memory, and every product
-# runs on the tensor cores. On sm_90 the products compile to the asynchronous warpgroup instruction (wgmma) when
-# the product's left operand has at least 64 rows; the exceptions are named below.
+# and 128 (where its max_head allows) none spills registers, all fit one block's shared memory, and from sm_80 on
+# every product runs on the tensor cores (below it Triton has none; see TILE_TABLES). On sm_90 the products compile
+# to the asynchronous warpgroup instruction (wgmma) when the product's left operand has at least 64 rows; the
+# exceptions are named below.
 T = Tiles
 FORWARD_TILES = (  # left operands: the query tile (BLOCK_M rows) and the weights P (BLOCK_M rows)
     T(128, 64, num_warps=8, num_stages=3),
@@ -127,20 +129,29 @@ class TileTable:
     def capability(self) -> tuple:
         return int(self.arch[3:-1]), int(self.arch[-1])
 
+    def offers(self, field, E, EV=None):
+        """Whether the kernel of ``field`` (e.g. "backward_kv_atomic") has a tile choice for head sizes E and Ev
+        (padded to a power of two, as the kernels pad them)."""
+        head = max(_head_block(E), _head_block(E if EV is None else EV))
+        return any(head <= t.max_head for t in getattr(self, field))
+
 
 KiB = 1024
 # The other architectures multiply with mma.sync, whose operands pass through registers: at head size 128 the sm_90
 # choices spill there, so each table holds smaller tiles or fewer stages. A T4 (sm_75) has no tensor-core path in
-# Triton 3.9 ("Dot op using MMA for compute capability 75 has been deprecated. It falls back to the FMA path"):
-# its products run as float32 FMA on the CUDA cores, which keep both operands in registers, so only small tiles
-# fit there, and without cp.async (sm_80 and later) Triton does not pipeline the loads, so num_stages is 1.
+# Triton since 3.2 (triton-lang/triton#5066; Triton 3.9 says "Dot op using MMA for compute capability 75 has been
+# deprecated. It falls back to the FMA path"): its products run as float32 FMA on the CUDA cores, which keep both
+# operands in registers, so only small tiles fit there, and without cp.async (sm_80 and later) Triton does not
+# pipeline the loads, so num_stages is 1. Its atomic dK/dV kernel, which also holds a share of dQ, spills at head
+# size 128 with every tile (4 bytes with 16 × 16 and 8 warps, hundreds with any other): there the backward takes the
+# two-kernel path instead (_backward_variant), which spills nothing.
 TILE_TABLES = {
     "sm_75": TileTable(
         "sm_75", "T4", 64 * KiB,
         forward=(T(16, 32, num_warps=4, num_stages=1), T(32, 16, num_warps=4, num_stages=1),
                  T(32, 32, num_warps=8, num_stages=1)),
         backward_kv=(T(16, 16, num_warps=8, num_stages=1),),
-        backward_kv_atomic=(T(16, 16, num_warps=8, num_stages=1),),  # spills 4 bytes at head size 128
+        backward_kv_atomic=(T(16, 16, num_warps=8, num_stages=1, max_head=64),),  # none at 128: two kernels
         backward_q=(T(16, 16, num_warps=8, num_stages=1),),
     ),
     "sm_80": TileTable(
@@ -811,6 +822,14 @@ def _delta(o, do, variant):
     return delta
 
 
+def _backward_variant(variant, table, E, EV):
+    """The variant the backward runs on a GPU of this TileTable: ``variant`` itself, or its two-kernel
+    (deterministic) form where the table has no atomic dK/dV choice for these head sizes (a T4 at head size 128)."""
+    if variant.atomic_dq and not table.offers("backward_kv_atomic", E, EV):
+        return dataclasses.replace(variant, atomic_dq=False)
+    return variant
+
+
 def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_tiles=None, dlse=None):
     """The three gradients. ``tiles`` forces the dK/dV kernel's configuration, ``q_tiles`` the dQ kernel's.
 
@@ -819,6 +838,8 @@ def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_ti
     variant = variant or DEFAULT
     Z, L, E = q.shape
     S, EV = v.shape[1], v.shape[2]
+    if tiles is None and not INTERPRETED and q.device.type == "cuda":
+        variant = _backward_variant(variant, tile_table(q.device), E, EV)
     common = {"E": E, "EV": EV, "BLOCK_E": _head_block(E), "BLOCK_EV": _head_block(EV), "CAUSAL": causal,
               "PRECISION": _precision(q.dtype)}
     tune = (_bucket(L), _bucket(S), _bucket(Z))
@@ -963,10 +984,12 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
 
     The backward pass sums dQ with float32 atomic adds, in no fixed order, so dQ's last bits can differ from run
     to run on a GPU; ``deterministic=True`` runs the two-kernel backward instead (7 matrix products instead of 5,
-    every output written by one program). ``variant`` picks the kernel's design steps one by one
+    every output written by one program), and so does a T4 at head size 128, where the one-kernel form spills
+    registers. ``variant`` picks the kernel's design steps one by one
     (:class:`Variant`, :data:`LADDER`), for measuring each alone.
 
-    Products of half-precision inputs run on the tensor cores and accumulate in float32; the softmax statistics
+    Products of half-precision inputs run on the tensor cores (from compute capability 8.0; on a T4 Triton
+    multiplies on the CUDA cores) and accumulate in float32; the softmax statistics
     and the output accumulator are float32. float32 inputs are multiplied in IEEE float32 (products rounded to float32,
     no TF32), far slower: the kernel is built for half precision. Differentiable: the backward pass recomputes each tile's
     weights from the saved row logsumexp, so training saves nothing of size L × S. On a CPU the kernels run in

@@ -64,6 +64,7 @@ class DecodeTiles:
     block_n: int  # keys in a tile
     num_warps: int
     num_stages: int  # key/value tiles in flight: decoding is memory-bound, so loads ahead matter most
+    max_rows: int = MAX_ROWS  # the largest row tile: more rows than this take more row blocks
 
     @property
     def min_keys(self) -> int:
@@ -77,11 +78,12 @@ INTERPRETER_TILES = DecodeTiles(block_n=16, num_warps=1, num_stages=1)
 # uses 70 KiB of shared memory (of 227 KiB): room for two programs per SM.
 GPU_TILES = DecodeTiles(block_n=64, num_warps=4, num_stages=3)
 # Per architecture, as lib.flash.TILE_TABLES (and picked the same way, lib.flash.tile_table): compiled for each by
-# tools/compile_report.py in CI at head sizes 64 and 128 and row tiles of 16 and 64, all fit, and none spills but
-# the T4's one case named below.
+# tools/compile_report.py in CI at head sizes 64 and 128 and row tiles of 16 and the largest it allows: all fit and
+# none spills.
 DECODE_TILES = {
-    "sm_75": DecodeTiles(block_n=16, num_warps=8, num_stages=1),  # FMA products (lib.flash.TILE_TABLES): small
-    #        tiles; with 64 rows at head size 128 it still spills 680 bytes
+    # FMA products (lib.flash.TILE_TABLES): small tiles, and at most 32 rows, since a 64-row tile spills 680 bytes
+    # at head size 128 (with 8 warps; more with any other count or key tile)
+    "sm_75": DecodeTiles(block_n=16, num_warps=8, num_stages=1, max_rows=32),
     "sm_80": GPU_TILES,
     "sm_89": GPU_TILES,
     "sm_90": GPU_TILES,
@@ -275,8 +277,8 @@ def _tiles(device=None):
     return DECODE_TILES[_flash.tile_table(device).arch]
 
 
-def _row_block(rows):
-    return min(MAX_ROWS, max(16, triton.next_power_of_2(rows)))  # tl.dot needs at least 16 rows
+def _row_block(rows, max_rows=MAX_ROWS):
+    return min(max_rows, max(16, triton.next_power_of_2(rows)))  # tl.dot needs at least 16 rows
 
 
 def _sms(device):
@@ -294,7 +296,7 @@ def split_count(B, H, L, Hkv, S, *, sms=None, tiles=None):
     if H % Hkv:
         raise ValueError(f"H={H} query heads are not a multiple of Hkv={Hkv} key/value heads")
     tiles = tiles or _tiles()
-    programs = B * Hkv * triton.cdiv((H // Hkv) * L, _row_block((H // Hkv) * L))
+    programs = B * Hkv * triton.cdiv((H // Hkv) * L, _row_block((H // Hkv) * L, tiles.max_rows))
     sms = cost.gpu(DEFAULT_GPU).sms if sms is None else sms
     return choose_num_splits(max(1, programs), S, sms, min_keys=tiles.min_keys)
 
@@ -308,7 +310,7 @@ def _launch(q, k, v, out, num_splits, scale, direct, paged=None, tiles=None, len
     Hkv = k.shape[1]
     G = H // Hkv
     rows = G * L
-    block_m = _row_block(rows)
+    block_m = _row_block(rows, tiles.max_rows)
     grid = (triton.cdiv(rows, block_m), B * Hkv, num_splits)
     f32 = {"device": q.device, "dtype": torch.float32}
     o_part = torch.empty((0,) if direct else (B * Hkv, num_splits, rows, Ev), **f32)

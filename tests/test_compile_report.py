@@ -3,12 +3,12 @@ specialises a real launch there: a T4 (sm_75, float16), an A100 (sm_80), an L4 (
 
 The interpreter forgives what the compiler does not, so every tile choice of every architecture's table is
 compiled here, on the CPU, with the ptxas that ships in Triton's wheel, at head sizes 64 and 128: none may spill
-registers (but the T4's named exceptions), all must fit one thread block's shared memory on that architecture, and
-from sm_80 on every matrix product must run on the tensor cores (wgmma on sm_90, mma.sync on sm_80 and sm_89), and
-on sm_90 ptxas must not serialise the default forward and dQ kernels' wgmma (its note C7515).
-Triton 3.9 has no tensor-core path below sm_80: on the T4 every product is FMA, and the test says so, to notice the
-day a Triton brings it back. Each architecture is compiled once per test session, in a subprocess with the
-interpreter off (this test process has it on).
+registers, all must fit one thread block's shared memory on that architecture, and from sm_80 on every matrix
+product must run on the tensor cores (wgmma on sm_90, mma.sync on sm_80 and sm_89), and on sm_90 ptxas must not
+serialise the default forward and dQ kernels' wgmma (its note C7515).
+Triton has had no tensor-core path below sm_80 since 3.2 (triton-lang/triton#5066): on the T4 every product is FMA,
+and the test says so, to notice the day a Triton brings it back. Each architecture is compiled once per test
+session, in a subprocess with the interpreter off (this test process has it on).
 """
 
 import functools
@@ -30,9 +30,10 @@ ARCHS = list(SHARED_PER_BLOCK)
 ENV = {**os.environ, "PYTHONPATH": ROOT, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
 FIELDS = {"forward": "forward", "backward_kv": "backward_kv_atomic", "backward_kv_deterministic": "backward_kv",
           "backward_q": "backward_q"}
-# The T4's spills that no tile choice avoids (its FMA products hold both operands in registers): the atomic dK/dV
-# kernel at head size 128 (4 bytes with 16 × 16 tiles, more with any other), the decode kernel's 64-row tile at 128.
-T4_SPILLS = {("backward_kv", 128, "16×16, 8 warps, 1 stages"): 4, ("decode", 128, "64×16, 8 warps, 1 stages"): 680}
+# Where a table offers a kernel no choice at a head size, and what runs instead: on a T4 the atomic dK/dV kernel
+# spills at head size 128 with every tile (its FMA products hold both operands in registers, and it also holds dQ),
+# so the backward takes the two-kernel path there (lib.flash._backward_variant).
+NOT_OFFERED = {("sm_75", "backward_kv", 128): ("backward_kv_deterministic", "backward_q")}
 PRODUCTS = {"forward": 4, "backward_kv": 10, "backward_kv_deterministic": 8, "backward_q": 6, "decode": 4,
             "decode_paged": 4}  # tl.dot calls in each kernel's two loops (masked and unmasked)
 
@@ -57,7 +58,8 @@ def test_the_tables_cover_the_four_architectures_with_their_datasheet_limits():
         for field in FIELDS.values():
             choices = getattr(table, field)
             assert len(set(choices)) == len(choices) >= (1 if arch == "sm_75" else 2), (arch, field)
-            assert any(t.max_head >= 128 for t in choices), (arch, field)
+            kernel = next(k for k, f in FIELDS.items() if f == field)
+            assert any(t.max_head >= 128 for t in choices) != ((arch, kernel, 128) in NOT_OFFERED), (arch, field)
     # The H100's table is the one chapter 9 and the benchmarks name.
     assert flash.TILE_TABLES["sm_90"].forward is flash.FORWARD_TILES
     assert fd.DECODE_TILES["sm_90"] is fd.GPU_TILES
@@ -73,6 +75,21 @@ def test_a_gpu_gets_the_table_whose_limits_it_meets(capability, shared, arch):
     table = flash.TILE_TABLES[arch]
     assert table.capability <= capability or arch == "sm_89"  # sm_89's table asks nothing of 8.9 that 8.0 lacks
     assert table.shared_per_block <= (shared or flash.SHARED_PER_BLOCK[capability])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_backward_runs_two_kernels_where_the_table_has_no_atomic_choice(arch):
+    table = flash.TILE_TABLES[arch]
+    for E, EV in ((64, 64), (128, 128), (64, 128), (100, 40), (16, 16)):
+        variant = flash._backward_variant(flash.DEFAULT, table, E, EV)
+        two_kernels = (arch, "backward_kv", 128) in NOT_OFFERED and max(E, EV) > 64
+        assert variant == (flash.DETERMINISTIC if two_kernels else flash.DEFAULT), (E, EV)
+        assert table.offers("backward_kv_atomic", E, EV) != two_kernels
+        assert table.offers("backward_kv", E, EV) and table.offers("backward_q", E, EV)
+        # a variant that already runs two kernels, or one rung of the ladder, keeps everything else it asked for
+        assert flash._backward_variant(flash.DETERMINISTIC, table, E, EV) == flash.DETERMINISTIC
+        tma = flash._backward_variant(flash.LADDER["+tma"], table, E, EV)
+        assert tma.tma and tma.atomic_dq != two_kernels
 
 
 def test_arch_for_refuses_what_it_cannot_place():
@@ -104,13 +121,17 @@ def test_every_tile_choice_fits_spills_nothing_and_runs_on_the_tensor_cores(arch
     if kernel in FIELDS:
         offered = [t for t in getattr(flash.TILE_TABLES[arch], FIELDS[kernel]) if head <= t.max_head]
     else:
-        offered = [None] * (2 if kernel in ("decode", "decode_merge") else 1)  # decode: row tiles of 16 and 64
-    assert len(rows) == len(offered) >= 1
+        offered = [None] * (2 if kernel in ("decode", "decode_merge") else 1)  # decode: row tiles of 16 and the most
+    assert len(rows) == len(offered) >= (0 if (arch, kernel, head) in NOT_OFFERED else 1)
+    for instead in NOT_OFFERED.get((arch, kernel, head), ()):  # what runs in its place is compiled and offered
+        assert any(r["kernel"] == instead and r["head"] == head for r in compiled(arch)), (arch, kernel, instead)
+    if kernel in ("decode", "decode_merge"):
+        most = fd.DECODE_TILES[arch].max_rows
+        assert [r["tiles"].split("×")[0].split()[0] for r in rows] == ["16", str(most)], rows
     for row, tiles in zip(rows, offered):
         where = f"{arch} {kernel}, head {head}, {row['tiles']}"
         assert row["dtype"] == ("float16" if arch == "sm_75" else "bfloat16")
-        allowed = T4_SPILLS.get((kernel, head, row["tiles"]), 0) if arch == "sm_75" else 0
-        assert row["spill_bytes"] <= allowed, f"{where} spills {row['spill_bytes']} bytes"
+        assert row["spill_bytes"] == 0, f"{where} spills {row['spill_bytes']} bytes"
         assert row["shared_bytes"] <= SHARED_PER_BLOCK[arch], f"{where} needs {row['shared_bytes']} bytes"
         assert row["shared_bytes"] > 0 or kernel == "decode_merge", where  # the merge reduces in registers
         assert row["registers"] * row["threads"] <= 64 * 1024, where

@@ -153,6 +153,36 @@ def test_the_default_split_count_comes_from_the_rule_and_is_exact():
     torch.testing.assert_close(fd.flash_decode(q, k, v).double(), oracle(q, k, v), rtol=1e-5, atol=2e-6)
 
 
+@needs_interpreter
+def test_rows_beyond_the_largest_row_tile_take_more_row_blocks(monkeypatch):
+    # A T4's table caps the row tile at 32 (a 64-row tile spills there): G · L = 5 · 8 = 40 packed rows then run as
+    # row blocks of 32 and 8. Here the interpreter's tiles are capped at 16, so the same 40 rows take three blocks,
+    # the last one partly empty, each reading its own copy of the cache; the answer is the same.
+    q, k, v = qkv(2, 10, 2, 8, 53, 16, 16)
+    calls = []
+    split = fd._decode_split
+
+    class Counting:
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return split[grid]
+
+    monkeypatch.setattr(fd, "_decode_split", Counting())
+    for cap, blocks in ((16, 3), (fd.MAX_ROWS, 1)):
+        monkeypatch.setattr(fd, "INTERPRETER_TILES", fd.DecodeTiles(block_n=16, num_warps=1, num_stages=1,
+                                                                    max_rows=cap))
+        for splits in (1, 3):
+            out = fd.flash_decode(q, k, v, num_splits=splits)
+            assert calls[-1] == (blocks, 2 * 2, splits)
+            torch.testing.assert_close(out.double(), oracle(q, k, v), rtol=1e-5, atol=2e-6)
+    assert fd.DECODE_TILES["sm_75"].max_rows == 32 and fd.DECODE_TILES["sm_90"].max_rows == fd.MAX_ROWS
+    # The split count sees the same row blocks: 3 blocks · B · Hkv programs against 132 SMs.
+    capped = fd.DecodeTiles(block_n=16, num_warps=1, num_stages=1, max_rows=16)
+    assert fd.split_count(2, 10, 8, 2, 4096, tiles=capped) == cost.choose_num_splits(12, 4096, 132, min_keys=64)
+    assert fd.split_count(2, 10, 8, 2, 4096, tiles=fd.INTERPRETER_TILES) == cost.choose_num_splits(
+        4, 4096, 132, min_keys=64)
+
+
 def test_nothing_to_compute_gives_empty_answers():
     assert fd.flash_decode(randn(2, 4, 0, 16), randn(2, 2, 5, 16), randn(2, 2, 5, 8)).shape == (2, 4, 0, 8)
     assert fd.flash_decode(randn(0, 4, 1, 16), randn(0, 2, 5, 16), randn(0, 2, 5, 8)).shape == (0, 4, 1, 8)

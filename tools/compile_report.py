@@ -360,8 +360,17 @@ KERNEL_TILES = {  # each kernel's tile list in an architecture's table (the othe
     "decode_paged": lambda arch: (fd.DECODE_TILES[arch],),
     "decode_merge": lambda arch: (None,),
 }
-DECODE_ROWS = (16, 64)  # the split kernel's row tile: 16 (G · L up to 16, e.g. 4 query heads a key/value head
-#                          and one new query) and the largest, lib.flash_decode.MAX_ROWS
+def decode_rows(arch):
+    """The split kernel's row tiles compiled on ``arch``: 16 (G · L up to 16, e.g. 4 query heads a key/value head
+    and one new query) and the largest its table allows (lib.flash_decode.DecodeTiles.max_rows)."""
+    return 16, fd.DECODE_TILES[arch].max_rows
+
+
+def not_offered(archs, heads, kernels=tuple(KERNEL_TILES)):
+    """The (arch, kernel, head) whose table offers no tile choice at that head size: such a launch never happens
+    (on a T4 at head size 128 the backward runs the two-kernel path instead of the atomic one)."""
+    return [(arch, kernel, head) for arch in archs for kernel in kernels for head in heads
+            if not tiles_for(kernel, head, arch)]
 
 
 def tiles_for(kernel, head, arch="sm_90"):
@@ -382,10 +391,11 @@ def report(heads=(64, 128), causal=False, variant=None, kernels=tuple(KERNEL_TIL
         if any(k in kernels for k in ("forward", "backward_kv", "backward_kv_deterministic", "backward_q",
                                       "preprocess")):
             launches |= {(k, None): v for k, v in captured_launches(head, causal, variant, dtype).items()}
-        for n in DECODE_ROWS if {"decode", "decode_merge"} & set(kernels) else ():
+        rows16 = decode_rows(arch)[0]
+        for n in decode_rows(arch) if {"decode", "decode_merge"} & set(kernels) else ():
             launches |= {(k, n): v for k, v in decode_launches(head, n, dtype).items()}
         if "decode_paged" in kernels:
-            launches |= {(k, DECODE_ROWS[0]): v for k, v in decode_launches(head, DECODE_ROWS[0], dtype, True).items()
+            launches |= {(k, rows16): v for k, v in decode_launches(head, rows16, dtype, True).items()
                          if k == "decode_paged"}
         for (name, n_rows), launch in launches.items():
             if name not in kernels:
@@ -450,10 +460,15 @@ def main():
     archs = ARCHS if "all" in args.arch else args.arch
     rows = [r for arch in archs for r in report(args.head, args.causal, variant, args.kernels, args.loop, args.first,
                                                  arch)]
+    missing = [f"{arch} {kernel} at head size {head}" for arch, kernel, head in not_offered(archs, args.head,
+                                                                                          args.kernels)]
     if args.json:
         print(json.dumps(rows, indent=1))
     elif args.markdown:
         print(markdown(rows))
+        if missing:
+            print(f"\nNo tile choice offered, so never launched: {'; '.join(missing)} (the backward runs the "
+                  "two-kernel path there).")
     else:
         for r in rows:
             serial = "  wgmma serialised (C7515)" if r["wgmma_serialised"] else ""
@@ -463,6 +478,8 @@ def main():
             if args.loop:
                 print("    loop:", ", ".join(f"{k} {v}" for k, v in r["loop"].items()))
                 print("    ", " → ".join(r["skeleton"]))
+        for line in missing:
+            print(f"{line}: no tile choice offered, so never launched (the backward runs the two-kernel path)")
 
 if __name__ == "__main__":
     main()
