@@ -320,20 +320,13 @@ def _forward_tiles(
             kt_ptrs = K_t + cols0[None, :] * sk_s + offs_e[:, None] * sk_e
             # (BLOCK_N, BLOCK_EV)
             v_ptrs = V_t + cols0[:, None] * sv_s + offs_ev[None, :] * sv_e
-            if MASKED:
-                kt = tl.load(
-                    kt_ptrs, mask=(offs_e[:, None] < E) & (cols[None, :] < S), other=0.0
-                )
-                v = tl.load(
-                    v_ptrs,
-                    mask=(cols[:, None] < S) & (offs_ev[None, :] < EV),
-                    other=0.0,
-                )
-            else:
-                # (BLOCK_E, BLOCK_N)
-                kt = tl.load(kt_ptrs, mask=offs_e[:, None] < E, other=0.0)
-                # (BLOCK_N, BLOCK_EV)
-                v = tl.load(v_ptrs, mask=offs_ev[None, :] < EV, other=0.0)
+            kt_in = offs_e[:, None] < E  # the head size padded to BLOCK_E loads as 0
+            v_in = offs_ev[None, :] < EV
+            if MASKED:  # and so do the keys past S
+                kt_in = kt_in & (cols[None, :] < S)
+                v_in = v_in & (cols[:, None] < S)
+            kt = tl.load(kt_ptrs, mask=kt_in, other=0.0)  # (BLOCK_E, BLOCK_N)
+            v = tl.load(v_ptrs, mask=v_in, other=0.0)  # (BLOCK_N, BLOCK_EV)
         # (BLOCK_M, BLOCK_N), raw scores q · k
         s = tl.dot(q, kt, input_precision=PRECISION)
         if not FOLD:
@@ -349,8 +342,7 @@ def _forward_tiles(
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # (BLOCK_M,)
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1))
-        # only a masked tile can leave a row with nothing allowed yet: exp2(-inf - 0) =
-        # 0
+        # a masked tile may leave a row with nothing allowed yet: shift it by 0, not -inf
         if MASKED:
             m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         if FOLD:

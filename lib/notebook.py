@@ -100,7 +100,76 @@ def checks(what=""):
     if counter.count == 0:
         raise AssertionError("a check cell ran no check")
     noun = "check" if counter.count == 1 else "checks"
+    if re.fullmatch(r"exercise \d+", what):  # an exercise's grading cell: "✓ 3 checks for exercise 2"
+        what = f"for {what}"
     print(f"✓ {counter.count} {noun} {what}".rstrip())
+
+
+_CONSTANT_IF = re.compile(r"(?P<indent> *)if (?P<negated>not )?(?P<name>[A-Z][A-Z0-9_]*):\s*(#.*)?")
+
+
+def _indent(line):
+    return len(line) - len(line.lstrip(" "))
+
+
+def _block(lines, start, indent):
+    """The lines from ``start`` indented deeper than ``indent`` (blank lines inside included), and where they end."""
+    end = start
+    while end < len(lines) and (not lines[end].strip() or _indent(lines[end]) > indent):
+        end += 1
+    while end > start and not lines[end - 1].strip():  # a blank line after the block belongs to what follows
+        end -= 1
+    return lines[start:end], end
+
+
+def resolve_constants(lines, constants):
+    """Python source ``lines`` as a compiler that knows ``constants`` sees them: each ``if NAME:`` or
+    ``if not NAME:`` (with its ``else:``) on a name of ``constants`` is replaced by the branch that runs, dedented
+    to the ``if``'s place. Comments just above a dropped first branch go with it. Any other ``if`` is kept, and
+    so is one on such a name followed by ``elif``.
+
+    >>> print("\n".join(resolve_constants(["if TMA:", "    a = 1", "else:", "    a = 2", "b = a"], {"TMA": False})))
+    a = 2
+    b = a
+    """
+    out, i = [], 0
+    while i < len(lines):
+        match = _CONSTANT_IF.fullmatch(lines[i])
+        if match is None or match["name"] not in constants:
+            out.append(lines[i])
+            i += 1
+            continue
+        indent = len(match["indent"])
+        first, end = _block(lines, i + 1, indent)
+        second, after = [], end
+        if end < len(lines) and _indent(lines[end]) == indent and lines[end].strip() == "else:":
+            second, after = _block(lines, end + 1, indent)
+        elif end < len(lines) and _indent(lines[end]) == indent and lines[end].lstrip().startswith("elif "):
+            out.append(lines[i])  # an elif chain is left as written
+            i += 1
+            continue
+        runs = bool(constants[match["name"]]) != bool(match["negated"])
+        if not runs:
+            while out and out[-1].strip().startswith("#") and _indent(out[-1]) == indent:
+                out.pop()
+        kept = resolve_constants(first if runs else second, constants)
+        depth = min((_indent(line) for line in kept if line.strip()), default=indent) - indent
+        out += [line[depth:] if line.strip() else line for line in kept]
+        i = after
+    return out
+
+
+def source_excerpt(source, first, last, **constants):
+    """The lines of ``source`` from the first that contains ``first`` to the next that contains ``last``, with the
+    branches on the compile-time ``constants`` resolved (:func:`resolve_constants`): a kernel as Triton compiles
+    it for one variant, e.g. ``source_excerpt(src, "for start_n", "return acc", TMA=False)``."""
+    lines = source.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if first in line)
+        stop = next(i for i in range(start, len(lines)) if last in lines[i])
+    except StopIteration:
+        raise ValueError(f"no lines from {first!r} to {last!r} in the source") from None
+    return "\n".join(resolve_constants(lines[start:stop + 1], constants))
 
 
 def use_book_style():

@@ -21,10 +21,13 @@ import yaml
 from lib.notebook import (
     BUDGET,
     ROLES,
+    checks,
     over_budget,
     prose_words,
     reading_minutes,
     reading_surface,
+    resolve_constants,
+    source_excerpt,
 )
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -296,6 +299,79 @@ def markdown(text):
 def code(text, tags=(), outputs=(), **mystnb):
     return {"cell_type": "code", "source": text, "metadata": {"tags": list(tags), "mystnb": mystnb},
             "outputs": list(outputs)}
+
+
+def test_a_check_line_says_what_it_checked(capsys):
+    for what, line in (("exercise 3", "✓ 2 checks for exercise 3"), ("on the shapes", "✓ 2 checks on the shapes"),
+                       ("", "✓ 2 checks"), ("exercise 3b", "✓ 2 checks exercise 3b")):
+        with checks(what) as check:
+            check(True)
+            check.equal(1, 1)
+        assert capsys.readouterr().out == line + "\n"
+    with pytest.raises(AssertionError, match="no check"), checks("exercise 1"):
+        pass
+
+
+KERNEL = """\
+def loop(x):
+    if TMA:  # tensor descriptors
+        a = 1
+    else:
+        # pointers
+        a = 2
+    if MASKED:
+        b = a
+        if CAUSAL:
+            b = -a
+    # the extra multiply
+    if not FOLD:
+        b = b * 2
+
+    if WINDOWED:
+        b = 0
+    elif a:
+        b = 1
+    if a > 1:
+        b = 3
+    return b
+"""
+
+
+def test_resolve_constants_keeps_the_branch_the_compiler_keeps():
+    lines = KERNEL.splitlines()
+    assert resolve_constants(lines, {}) == lines
+    out = resolve_constants(lines, {"TMA": False, "FOLD": True, "CAUSAL": False})
+    assert out == ["def loop(x):", "    # pointers", "    a = 2", "    if MASKED:", "        b = a", "",
+                   "    if WINDOWED:", "        b = 0", "    elif a:", "        b = 1", "    if a > 1:", "        b = 3",
+                   "    return b"]
+    flat = resolve_constants(lines, {"TMA": True, "FOLD": False, "MASKED": True, "CAUSAL": True, "WINDOWED": True})
+    assert flat[:7] == ["def loop(x):", "    a = 1", "    b = a", "    b = -a", "    # the extra multiply",
+                        "    b = b * 2", ""]
+    assert "    if WINDOWED:" in flat  # an elif chain is left as written
+    # every kept line is a line of the source, at its own place or dedented by whole levels, in order
+    rest = iter(lines)
+    for line in flat:
+        assert any(line.strip() == other.strip() and (len(other) - len(line)) % 4 == 0 for other in rest), line
+    for constants in ({"TMA": 0}, {"MASKED": 1, "CAUSAL": 0}, {"FOLD": 0}):
+        code = "\n".join(resolve_constants(lines, constants))
+        compile(code, "<resolved>", "exec")  # still Python
+
+
+def test_source_excerpt_prints_the_default_forward_loop_of_lib_flash():
+    import inspect
+
+    from lib import flash
+
+    source = inspect.getsource(flash)
+    full = source_excerpt(source, "    for start_n in range(lo, hi, BLOCK_N):", "    return acc, l_i, m_i")
+    default = source_excerpt(source, "    for start_n in range(lo, hi, BLOCK_N):", "    return acc, l_i, m_i",
+                             TMA=False, FOLD=True, WINDOWED=False, MASKED=False)
+    assert "if TMA:" in full and "make_tensor_descriptor" not in default
+    assert not re.search(r"if (not )?(TMA|FOLD|WINDOWED|MASKED):", default)
+    assert default.count("tl.dot(") == 2 and "exp2(s * qk_scale - m_new" in default
+    assert len(default.splitlines()) < len(full.splitlines()) / 2
+    with pytest.raises(ValueError, match="no lines"):
+        source_excerpt(source, "no such line", "return")
 
 
 def test_prose_words_leave_out_math_code_and_folded_asides():

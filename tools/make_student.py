@@ -9,7 +9,7 @@ that finds or clones the course library) with its exercises opened up:
   uses, each of those names bound to `...`, each function kept as its signature with a body that raises
   NotImplementedError. Import lines stay; nothing else of the solution does;
 - the `check` cell after an exercise's last solution cell stays, as the grading cell: it prints
-  "✓ 4 checks exercise 2" when the answer passes and raises when it does not;
+  "✓ 4 checks for exercise 2" when the answer passes and raises when it does not;
 - a written answer (a `Solution` dropdown) is removed and replaced by a cell for the student's own words, marked
   as not graded; an exercise without a check cell is not graded, and its stub says so.
 Whatever does not follow this convention stops the generator with an error naming the chapter and the cell.
