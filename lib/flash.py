@@ -342,7 +342,7 @@ def _forward_tiles(
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # (BLOCK_M,)
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1))
-        # a masked tile may leave a row with nothing allowed yet: shift it by 0, not -inf
+        # a masked tile may leave a row with nothing allowed yet: shift by 0, not -inf
         if MASKED:
             m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         if FOLD:

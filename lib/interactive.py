@@ -376,8 +376,9 @@ def score_products(Q, K, labels=None, *, scale=None):
             terms = " + ".join(f"{_num(Qa[i, c])}·{_num(Ka[j, c])}" for c in range(d))
             factor = f" × {_r(scale, 3):g}" if scale != 1 else ""
             written = f"({terms}){factor} = {S[i, j]:.3f}".replace("-", "−")
+            short = f"k {cols[j]}: ({terms})\n{factor.strip()} = {S[i, j]:.3f}".replace("-", "−")
             cells.append({"i": i, "q": rows[i], "k": cols[j], "S": _r(S[i, j]),
-                          "sum": f"q {rows[i]} · k {cols[j]} = {written}", "short": f"k {cols[j]}: {written}"})
+                          "sum": f"q {rows[i]} · k {cols[j]} = {written}", "short": short})
     row = _slider("row", "query row i ", 0, n - 1, 1, 0)
     base = alt.Chart(_data(cells))
     heat = base.mark_rect().encode(
@@ -391,9 +392,15 @@ def score_products(Q, K, labels=None, *, scale=None):
         color=alt.condition(f"datum.S > {_r((S.min() + S.max()) / 2)}", alt.value("black"), alt.value("white")))
     matrix = (heat + values + outline).properties(width=32 * len(Ka) + 40, height=32 * n + 40,
                                                   title="scores S = Q Kᵀ · scale")
-    sums = (base.transform_filter("datum.i == row").mark_text(align="left", fontSize=11)
-            .encode(x=alt.value(0), y=alt.Y("k:N", sort=cols, title=None, axis=None), text="short:N")
-            .properties(width=max(80 * d + 70, _text_width(c["short"] for c in cells)), height=32 * len(Ka),
+    # each score on two lines, its products and then its scale and value, so that the panel stays narrow enough
+    # for a phone's column; every row's sums are also drawn unseen, so that the figure is laid out for the longest
+    # of them whichever row the slider shows
+    text = {"align": "left", "fontSize": 11, "lineBreak": "\n"}
+    written = base.mark_text(**text).encode(
+        x=alt.value(0), y=alt.Y("k:N", sort=cols, title=None, axis=None), text="short:N")
+    lines = [line for c in cells for line in c["short"].split("\n")]
+    sums = (alt.layer(written.mark_text(**text, opacity=0, aria=False), written.transform_filter("datum.i == row"))
+            .properties(width=max(80 * d + 70, _text_width(lines)), height=36 * len(Ka),
                         title="q_i · k_j, the chosen row written out"))
     chart = alt.hconcat(matrix, sums).add_params(row)
     return Interactive(chart, "score-products", "a slider: the query row i")

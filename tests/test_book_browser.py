@@ -741,6 +741,40 @@ def test_interactive_figures_fit_the_phone_column(browser, page):
         assert all(right <= figure["column"] + 1 for right in figure["controls"]), f"figure {n}: a control off the column"
 
 
+# Text of a drawn figure that reaches past its picture (px beyond the SVG's left or right edge), which the reader
+# does not see: the worst line.
+TEXT_OUTSIDE = """(svg) => {
+  const box = svg.getBoundingClientRect();
+  return [...svg.querySelectorAll("text")].map((t) => {
+    const b = t.getBoundingClientRect();
+    return [Math.max(b.right - box.right, box.left - b.left), t.textContent.slice(0, 50)];
+  }).sort((a, b) => b[0] - a[0])[0] || [0, ""];
+}"""
+
+
+@pytest.mark.parametrize("page", INTERACTIVE)
+def test_interactive_text_stays_in_the_picture_at_every_slider_step_on_a_phone(browser, page):
+    """At 400 px, each figure's first slider stepped through up to 8 of its values from the keyboard: no line of
+    text runs out of the picture at any of them (Figure 2.2's written-out sums once did, by 28 px, at some rows)."""
+    tab = open_page(browser, page, PHONE, phone=True)
+    try:
+        figures, worst = tab.locator(f".{INTERACTIVE_MARK}"), []
+        for n in range(figures.count()):
+            picture = figures.nth(n).locator(".vega-embed > svg").first
+            picture.wait_for(timeout=20_000)
+            slider = figures.nth(n).locator(".vega-bind input[type=range]")
+            for step in range(8 if slider.count() else 1):
+                worst.append((*picture.evaluate(TEXT_OUTSIDE), f"figure {n + 1}, step {step}"))
+                if slider.count():
+                    slider.first.focus()
+                    tab.keyboard.press("ArrowRight")
+                    tab.wait_for_timeout(150)
+        out = max(worst)
+        assert out[0] <= 1, f"{out[2]}: text runs {out[0]:.0f} px out of the picture: {out[1]!r}"
+    finally:
+        tab.context.close()
+
+
 @pytest.mark.parametrize("page", INTERACTIVE)
 def test_interactive_controls_in_dark_mode_match_their_box(browser, page):
     """In dark mode the figure stays on a light box, so its radio buttons, checkboxes and sliders are drawn in the

@@ -272,9 +272,17 @@ def test_score_products_text_panel_holds_its_longest_sum():
     rng = np.random.default_rng(1)
     fig = I.score_products(np.round(rng.standard_normal((6, 4)) * 1.3, 2), rng.standard_normal((6, 4)),
                            ["the", "cat", "sat", "on", "the", "mat"])
-    longest = max(len(r["short"]) for r in rows_with(fig, "short"))
+    shorts = [r["short"] for r in rows_with(fig, "short", "S")]
+    # two lines each: the products, then the scale and the score, the same sum as the tooltip's
+    assert all(len(s.split("\n")) == 2 and s.split("\n")[1].startswith("× 0.5 = ") for s in shorts)
+    tips = {r["sum"].split(" = ", 1)[1] for r in rows_with(fig, "sum")}
+    assert {s.split(": ", 1)[1].replace("\n", " ") for s in shorts} == tips
+    longest = max(len(line) for s in shorts for line in s.split("\n"))
     panel = next(c for c in fig.spec["hconcat"] if "written out" in json.dumps(c.get("title", "")))
     assert panel["width"] >= 0.45 * 11 * longest + 10, (panel["width"], longest)
+    # the panel is laid out for every row's sums (drawn unseen), not only the row the slider shows at first
+    unseen, shown = panel["layer"]
+    assert unseen["mark"]["opacity"] == 0 and "transform" not in unseen and shown["transform"]
 
 
 def colour_words_and_marks(spec):
