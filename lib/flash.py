@@ -503,10 +503,11 @@ def _backward_kv_tiles(
     dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, DQ_z, lo, hi, cols, rows0, offs_e, offs_ev, L, S, sq_l, sq_e, sdo_l,
     sdo_e, sdq_l, qk_scale, scale,
     E: tl.constexpr, EV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
-    PRECISION: tl.constexpr, ATOMIC: tl.constexpr,
+    PRECISION: tl.constexpr, ATOMIC: tl.constexpr, WINDOW=0, WINDOWED: tl.constexpr = False,
 ):
     """Accumulate dK and dV of one key block over query blocks lo, lo + BLOCK_M, ... < hi (and, ATOMIC, add each
-    pair's share of dQ into DQ)."""
+    pair's share of dQ into DQ). WINDOWED: the MASKED blocks also drop the queries whose window of WINDOW keys has
+    moved past a key."""
     for start_m in range(lo, hi, BLOCK_M):
         rows = start_m + rows0  # (BLOCK_M,) query indices
         in_rows = rows < L
@@ -528,6 +529,8 @@ def _backward_kv_tiles(
             allowed = in_rows[None, :] & (cols[:, None] < S)
             if CAUSAL:
                 allowed = allowed & (rows[None, :] >= cols[:, None])
+            if WINDOWED:
+                allowed = allowed & (rows[None, :] - WINDOW < cols[:, None])
             pt = tl.where(allowed, pt, 0.0)
         # (BLOCK_N, BLOCK_EV) += Pᵀ dO
         dv = tl.dot(pt.to(do.dtype), do, dv, input_precision=PRECISION)
@@ -554,6 +557,7 @@ def _flash_backward_kv(
     L, S, qk_scale, scale, TUNE_L, TUNE_S, TUNE_Z,
     E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, ATOMIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW=0, WINDOWED: tl.constexpr = False,
 ):
     z, start_n = _split_program(S, BLOCK_N)  # first key of this program
     z = z.to(tl.int64)
@@ -588,13 +592,21 @@ def _flash_backward_kv(
     else:
         lo = 0
         below = 0
+    top = L
+    # Sliding window (chapter 12): a key is seen by the WINDOW queries from itself on, so the query blocks past the
+    # last of those, for this block's last key, are never visited; every visited block takes the masked path.
+    if WINDOWED:
+        below = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1 + WINDOW, BLOCK_M) * BLOCK_M, tl.cdiv(L, BLOCK_M) * BLOCK_M)
+        below = tl.maximum(below, lo)
     below = tl.where(start_n + BLOCK_N > S, tl.cdiv(L, BLOCK_M) * BLOCK_M, below)
+    if WINDOWED:
+        top = below
     dk, dv = _backward_kv_tiles(
         dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, DQ_z, lo, below, cols, rows0, offs_e, offs_ev, L, S, sq_l, sq_e,
-        sdo_l, sdo_e, sdq_l, qk_scale, scale, E, EV, True, CAUSAL, BLOCK_M, PRECISION, ATOMIC,
+        sdo_l, sdo_e, sdq_l, qk_scale, scale, E, EV, True, CAUSAL, BLOCK_M, PRECISION, ATOMIC, WINDOW, WINDOWED,
     )
     dk, dv = _backward_kv_tiles(
-        dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, DQ_z, tl.maximum(lo, below), L, cols, rows0, offs_e, offs_ev, L,
+        dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, DQ_z, tl.maximum(lo, below), top, cols, rows0, offs_e, offs_ev, L,
         S, sq_l, sq_e, sdo_l, sdo_e, sdq_l, qk_scale, scale, E, EV, False, CAUSAL, BLOCK_M, PRECISION, ATOMIC,
     )
     DK_t = DK + z * sdk_z + tl.cast(start_n, tl.int64) * sdk_s
@@ -609,9 +621,10 @@ def _flash_backward_kv(
 def _backward_q_tiles(
     dq, q, do, lse, delta, K_z, V_z, lo, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e, qk_scale,
     E: tl.constexpr, EV: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, WINDOW=0, WINDOWED: tl.constexpr = False,
 ):
-    """Accumulate dQ of one query block over key tiles lo, lo + BLOCK_N, ... < hi."""
+    """Accumulate dQ of one query block over key tiles lo, lo + BLOCK_N, ... < hi (WINDOWED: the MASKED tiles also
+    drop keys older than each row's window, as in the forward pass)."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + cols0
         K_t = K_z + tl.cast(start_n, tl.int64) * sk_s
@@ -630,6 +643,8 @@ def _backward_q_tiles(
             allowed = cols[None, :] < S
             if CAUSAL:
                 allowed = allowed & (cols[None, :] <= rows[:, None])
+            if WINDOWED:
+                allowed = allowed & (cols[None, :] > rows[:, None] - WINDOW)
             p = tl.where(allowed, p, 0.0)
         dp = tl.dot(do, vt, input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) = dO Vᵀ
         ds = p * (dp - delta[:, None])
@@ -644,6 +659,7 @@ def _flash_backward_q(
     L, S, qk_scale, scale, TUNE_L, TUNE_S, TUNE_Z,
     E: tl.constexpr, EV: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_EV: tl.constexpr, CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, LPT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW=0, WINDOWED: tl.constexpr = False,
 ):
     z, start_m = _split_program(L, BLOCK_M, CAUSAL and LPT)
     z = z.to(tl.int64)
@@ -670,15 +686,19 @@ def _flash_backward_q(
     else:
         hi = S
         full = (S // BLOCK_N) * BLOCK_N
-    if 0 < full:  # each loop entered only when it has a tile, as in the forward kernel (ptxas's C7515)
+    lo = 0
+    if WINDOWED:  # the forward pass's window: tiles wholly older than it skipped, the rest masked
+        lo = (tl.maximum(start_m - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
+        full = lo
+    if lo < full:  # each loop entered only when it has a tile, as in the forward kernel (ptxas's C7515)
         dq = _backward_q_tiles(
-            dq, q, do, lse, delta, K_z, V_z, 0, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e,
+            dq, q, do, lse, delta, K_z, V_z, lo, full, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e,
             qk_scale, E, EV, False, CAUSAL, BLOCK_N, PRECISION,
         )
     if full < hi:
         dq = _backward_q_tiles(
             dq, q, do, lse, delta, K_z, V_z, full, hi, rows, cols0, offs_e, offs_ev, S, sk_s, sk_e, sv_s, sv_e,
-            qk_scale, E, EV, True, CAUSAL, BLOCK_N, PRECISION,
+            qk_scale, E, EV, True, CAUSAL, BLOCK_N, PRECISION, WINDOW, WINDOWED,
         )
     DQ_t = DQ + z * sdq_z + tl.cast(start_m, tl.int64) * sdq_l
     tl.store(DQ_t + rows0[:, None] * sdq_l + offs_e[None, :] * sdq_e, (dq * scale).to(DQ.dtype.element_ty),
@@ -822,8 +842,9 @@ def _backward_variant(variant, table, E, EV):
     return variant
 
 
-def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_tiles=None, dlse=None):
-    """The three gradients. ``tiles`` forces the dK/dV kernel's configuration, ``q_tiles`` the dQ kernel's.
+def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_tiles=None, dlse=None, window=None):
+    """The three gradients. ``tiles`` forces the dK/dV kernel's configuration, ``q_tiles`` the dQ kernel's;
+    ``window`` is the forward pass's sliding window (with ``causal``).
 
     ``dlse`` (Z, L), the gradient of the natural-log logsumexp, if it was used: since d lse / d score_j = P_j,
     it enters as dS = P ∘ (dP - (D - dlse)), that is D - dlse in place of D."""
@@ -833,7 +854,7 @@ def _backward(q, k, v, o, lse, do, causal, scale, tiles=None, variant=None, q_ti
     if tiles is None and not INTERPRETED and q.device.type == "cuda":
         variant = _backward_variant(variant, tile_table(q.device), E, EV)
     common = {"E": E, "EV": EV, "BLOCK_E": _head_block(E), "BLOCK_EV": _head_block(EV), "CAUSAL": causal,
-              "PRECISION": _precision(q.dtype)}
+              "PRECISION": _precision(q.dtype), "WINDOW": window or 0, "WINDOWED": window is not None}
     tune = (_bucket(L), _bucket(S), _bucket(Z))
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     dk, dv = torch.empty_like(k), torch.empty_like(v)
@@ -868,7 +889,7 @@ class _FlashAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, causal, scale, variant, window=None):
         o, lse = _forward(q, k, v, causal, scale, variant=variant, window=window)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.variant = causal, scale, variant
+        ctx.causal, ctx.scale, ctx.variant, ctx.window = causal, scale, variant, window
         ctx.set_materialize_grads(False)  # an unused lse brings None, not a tensor of zeros to subtract
         return o, lse * LN_2  # the natural-log logsumexp, (Z, L) float32
 
@@ -876,7 +897,8 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
         do = torch.zeros_like(o) if do is None else do
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, variant=ctx.variant, dlse=dlse)
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.scale, variant=ctx.variant, dlse=dlse,
+                               window=ctx.window)
         return dq, dk, dv, None, None, None, None
 
 
@@ -988,8 +1010,8 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
     Triton's interpreter if TRITON_INTERPRET=1 was set before Triton was first imported (not for bfloat16).
 
     ``window`` (with ``causal=True``) is a sliding window: query i sees keys i - window < j <= i, and key tiles
-    wholly older than a query tile's window are skipped, so the work grows like L × window (chapter 12). The
-    window has a forward pass only: with it, inputs that require gradients raise.
+    wholly older than a query tile's window are skipped, so the work grows like L × window (chapter 12), in the
+    backward pass too, where the query tiles a key tile's window never reaches are skipped.
     """
     batch, L, S, E, Ev = _check(q, k, v, mask)
     offset = _check_causal(causal, L, S)  # None, or the diagonal's offset: 0 is top-left
@@ -1007,9 +1029,6 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
             raise ValueError(f"window must be at least 1 (keys a query sees, itself included), got {window}")
         if not causal:
             raise ValueError("window needs causal=True: the window is the last `window` keys up to each query")
-        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-            raise NotImplementedError("flash_attention's window has a forward pass only: call it under "
-                                      "torch.no_grad(), or use lib.tiles.tiled_attention(..., window=)")
     scale = _check_scale(scale, E)
     variant = _check_variant(variant, deterministic)
     if not isinstance(return_lse, bool):

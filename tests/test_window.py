@@ -1,9 +1,11 @@
 """Sliding-window attention in the tiled and Triton kernels (chapter 12): the ``window`` argument of
-``lib.tiles.tiled_attention`` and ``lib.flash.flash_attention``, against SDPA with the band mask as the oracle.
+``lib.tiles.tiled_attention`` and ``lib.flash.flash_attention``, forward and backward, against SDPA with the band
+mask as the oracle.
 
 Skipped tiles are proven skipped, not merely masked: a tile the kernel visits reads its values, so values poisoned
 with NaN in every key block outside all of a query block's windows leave the output finite only if no such tile is
-ever loaded.
+ever loaded; in the backward pass, queries and output gradients poisoned in every query block that no window of a
+key block reaches leave that key block's dK and dV finite only if the kernel never loads those blocks.
 """
 
 import pytest
@@ -113,8 +115,6 @@ def test_window_errors_name_the_argument():
         flash.flash_attention(qd, kd, vd, causal=True, window=-1)
     with pytest.raises(ValueError, match="window needs causal"):
         flash.flash_attention(qd, kd, vd, window=4)
-    with pytest.raises(NotImplementedError, match="forward pass only"):
-        flash.flash_attention(qd.requires_grad_(), kd, vd, causal=True, window=4)
 
 
 def test_tiled_window_gradients_equal_sdpa_with_the_band_mask():
@@ -124,3 +124,47 @@ def test_tiled_window_gradients_equal_sdpa_with_the_band_mask():
     expected = torch.autograd.grad(band_oracle(q, k, v, 6).square().sum(), (q, k, v))
     for ours, theirs in zip(grads, expected):
         torch.testing.assert_close(ours, theirs)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "two-kernels"])
+@pytest.mark.parametrize("L, window", [(40, 3), (64, 16), (50, 17), (33, 100), (37, 1)])
+def test_flash_window_gradients_equal_sdpa_with_the_band_mask(L, window, deterministic):
+    q, k, v = (t.requires_grad_() for t in qkv(L, L, seed=4, E=16, Ev=8, device=DEVICE))
+    do, dlse = torch.randn(2, 3, L, 8).to(DEVICE), torch.randn(2, 3, L).to(DEVICE)
+    out, lse = flash.flash_attention(q, k, v, causal=True, window=window, deterministic=deterministic,
+                                     return_lse=True)
+    grads = torch.autograd.grad((out * do).sum() + (lse * dlse).sum(), (q, k, v))
+    q64, k64, v64 = (t.detach().double().cpu().requires_grad_() for t in (q, k, v))
+    mask = sliding_window_mask(L, L, window)
+    want = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=mask)
+    want_lse = torch.logsumexp((q64 @ k64.transpose(-1, -2) / 4).masked_fill(~mask, float("-inf")), -1)
+    expected = torch.autograd.grad((want * do.double().cpu()).sum() + (want_lse * dlse.double().cpu()).sum(),
+                                   (q64, k64, v64))
+    torch.testing.assert_close(out.detach().cpu().double(), want.detach(), rtol=1e-4, atol=1e-4)
+    for name, ours, theirs in zip("qkv", grads, expected):
+        torch.testing.assert_close(ours.cpu().double(), theirs, rtol=1e-4, atol=1e-4, msg=f"d{name}")
+
+
+@pytest.mark.skipif(not flash.INTERPRETED, reason="the interpreter's tiles are fixed, so each key block's reach is known")
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "two-kernels"])
+def test_flash_window_backward_skips_the_query_blocks_no_window_reaches(deterministic):
+    L, window = 64, 9
+    bm, bn = flash.INTERPRETER_TILES.block_m, flash.INTERPRETER_TILES.block_n
+    q, k, v = qkv(L, L, seed=5, E=16, Ev=16, device=DEVICE)
+    do = torch.randn(2, 3, L, 16)
+    mask = sliding_window_mask(L, L, window)
+    for first in range(0, L, bn):  # each key block: the query blocks its keys' windows reach
+        reached = {i // bm for i in range(L) if mask[i, first:first + bn].any()}
+        far = torch.tensor([i // bm not in reached for i in range(L)])
+        assert far.any()  # a block no window reaches exists, or the test proves nothing
+        poisoned_q, poisoned_do = q.clone(), do.clone()
+        poisoned_q[..., far, :] = float("nan")
+        poisoned_do[..., far, :] = float("nan")
+        grads = []
+        for x, g in ((q, do), (poisoned_q, poisoned_do)):
+            x, kk, vv = (t.clone().requires_grad_() for t in (x, k, v))
+            out = flash.flash_attention(x, kk, vv, causal=True, window=window, deterministic=deterministic)
+            grads.append(torch.autograd.grad(out, (kk, vv), g)[0:2])
+        for clean, poisoned in zip(*grads):
+            keys = slice(first, first + bn)
+            torch.testing.assert_close(poisoned[..., keys, :], clean[..., keys, :], rtol=1e-5, atol=1e-6)
