@@ -73,7 +73,8 @@ INTERPRETER_TILES = Tiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
 # each architecture has its own table, picked at launch from the GPU's compute capability (tile_table). Every
 # choice of every table is compiled for its architecture by tools/compile_report.py in CI, as the JIT specialises
 # a contiguous launch (bfloat16; float16 on sm_75, which has no bfloat16 tensor-core products): at head sizes 64
-# and 128 (where its max_head allows) none spills registers, all fit one block's shared memory, and from sm_80 on
+# and 128 (where its max_head allows), causal or not and with chapter 12's sliding window, none spills registers,
+# all fit one block's shared memory, and from sm_80 on
 # every product runs on the tensor cores (below it Triton has none; see TILE_TABLES). On sm_90 the products compile
 # to the asynchronous warpgroup instruction (wgmma) when the product's left operand has at least 64 rows; the
 # exceptions are named below.
@@ -158,10 +159,12 @@ TILE_TABLES = {
         "sm_80", "A100", 163 * KiB,
         forward=(T(64, 64, num_warps=8, num_stages=2), T(128, 32, num_warps=8, num_stages=2),
                  T(64, 32, num_warps=4, num_stages=2)),
-        # (64 × 64 with 8 warps spills 4 bytes at head size 64 in both backward kernels here, not at 128)
-        backward_kv=(T(32, 64, num_warps=4, num_stages=2), T(64, 32, num_warps=4, num_stages=2)),
-        backward_kv_atomic=(T(32, 64, num_warps=8, num_stages=2), T(32, 32, num_warps=4, num_stages=2),
-                            T(16, 64, num_warps=4, num_stages=2)),
+        # (64 × 64 with 8 warps spills 4 bytes at head size 64 in both backward kernels here, not at 128; at 128,
+        # 32 × 64 with 4 warps spills with a sliding window, and so do the atomic kernel's 4-warp choices)
+        backward_kv=(T(32, 64, num_warps=8, num_stages=2), T(64, 32, num_warps=4, num_stages=2)),
+        backward_kv_atomic=(T(32, 64, num_warps=8, num_stages=2), T(32, 64, num_warps=8, num_stages=3),
+                            T(32, 32, num_warps=4, num_stages=2, max_head=64),
+                            T(16, 64, num_warps=4, num_stages=2, max_head=64)),
         backward_q=(T(32, 64, num_warps=4, num_stages=2), T(64, 32, num_warps=4, num_stages=2),
                     T(32, 128, num_warps=8, num_stages=2)),
     ),
@@ -169,11 +172,13 @@ TILE_TABLES = {
         "sm_89", "L4", 99 * KiB,
         forward=(T(128, 32, num_warps=8, num_stages=2), T(64, 32, num_warps=4, num_stages=2),
                  T(128, 64, num_warps=8, num_stages=1)),
-        backward_kv=(T(32, 64, num_warps=4, num_stages=2), T(64, 32, num_warps=4, num_stages=2)),
-        backward_kv_atomic=(T(32, 64, num_warps=8, num_stages=2), T(32, 32, num_warps=4, num_stages=2),
-                            T(16, 64, num_warps=4, num_stages=2)),
-        backward_q=(T(64, 64, num_warps=8, num_stages=2), T(32, 64, num_warps=4, num_stages=2),
-                    T(64, 32, num_warps=4, num_stages=2)),
+        backward_kv=(T(32, 64, num_warps=8, num_stages=2), T(64, 32, num_warps=4, num_stages=2)),
+        backward_kv_atomic=(T(32, 64, num_warps=8, num_stages=2), T(32, 32, num_warps=4, num_stages=2, max_head=64),
+                            T(16, 64, num_warps=4, num_stages=2, max_head=64)),
+        # (64 × 64 with 8 warps spills at head size 64 when causal or windowed; at 128, so do the atomic kernel's
+        # 4-warp choices with a window, and a 3-stage 32 × 64 one when causal)
+        backward_q=(T(64, 32, num_warps=4, num_stages=2), T(32, 64, num_warps=4, num_stages=2),
+                    T(128, 32, num_warps=8, num_stages=2, max_head=64)),
     ),
     "sm_90": TileTable("sm_90", "H100", 227 * KiB, FORWARD_TILES, BACKWARD_KV_TILES, BACKWARD_KV_ATOMIC_TILES,
                        BACKWARD_Q_TILES),
@@ -592,23 +597,25 @@ def _flash_backward_kv(
     else:
         lo = 0
         below = 0
-    top = L
     # Sliding window (chapter 12): a key is seen by the WINDOW queries from itself on, so the query blocks past the
     # last of those, for this block's last key, are never visited; every visited block takes the masked path.
     if WINDOWED:
         below = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1 + WINDOW, BLOCK_M) * BLOCK_M, tl.cdiv(L, BLOCK_M) * BLOCK_M)
         below = tl.maximum(below, lo)
     below = tl.where(start_n + BLOCK_N > S, tl.cdiv(L, BLOCK_M) * BLOCK_M, below)
-    if WINDOWED:
-        top = below
-    dk, dv = _backward_kv_tiles(
-        dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, DQ_z, lo, below, cols, rows0, offs_e, offs_ev, L, S, sq_l, sq_e,
-        sdo_l, sdo_e, sdq_l, qk_scale, scale, E, EV, True, CAUSAL, BLOCK_M, PRECISION, ATOMIC, WINDOW, WINDOWED,
-    )
-    dk, dv = _backward_kv_tiles(
-        dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, DQ_z, tl.maximum(lo, below), top, cols, rows0, offs_e, offs_ev, L,
-        S, sq_l, sq_e, sdo_l, sdo_e, sdq_l, qk_scale, scale, E, EV, False, CAUSAL, BLOCK_M, PRECISION, ATOMIC,
-    )
+    # With a window the loop below is the only one, and is entered only when it has a block, as the forward loops
+    # are (ptxas's C7515 otherwise); without one, the guard is left out, for the same reason.
+    if not WINDOWED or lo < below:
+        dk, dv = _backward_kv_tiles(
+            dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, DQ_z, lo, below, cols, rows0, offs_e, offs_ev, L, S, sq_l,
+            sq_e, sdo_l, sdo_e, sdq_l, qk_scale, scale, E, EV, True, CAUSAL, BLOCK_M, PRECISION, ATOMIC, WINDOW,
+            WINDOWED,
+        )
+    if not WINDOWED:  # a window leaves no block unmasked
+        dk, dv = _backward_kv_tiles(
+            dk, dv, k, v, Q_z, DO_z, LSE_z, DELTA_z, DQ_z, tl.maximum(lo, below), L, cols, rows0, offs_e, offs_ev,
+            L, S, sq_l, sq_e, sdo_l, sdo_e, sdq_l, qk_scale, scale, E, EV, False, CAUSAL, BLOCK_M, PRECISION, ATOMIC,
+        )
     DK_t = DK + z * sdk_z + tl.cast(start_n, tl.int64) * sdk_s
     DV_t = DV + z * sdv_z + tl.cast(start_n, tl.int64) * sdv_s
     tl.store(DK_t + cols0[:, None] * sdk_s + offs_e[None, :] * sdk_e, (dk * scale).to(DK.dtype.element_ty),

@@ -152,6 +152,37 @@ def test_every_tile_choice_fits_spills_nothing_and_runs_on_the_tensor_cores(arch
             assert not products["mma"] or (kernel == "backward_kv" and tiles.block_m < 64), f"{where}: mma.sync"
 
 
+FLASH_KERNELS = ("forward", "backward_kv", "backward_kv_deterministic", "backward_q")
+MODES = {"causal": ("--causal",), "window": ("--window", "256")}  # the default, neither, is compiled above
+
+
+@functools.cache
+def compiled_in(arch, mode):
+    """lib.flash's kernels on ``arch``, causal or with chapter 12's sliding window: every tile choice, both heads."""
+    return run("--arch", arch, *MODES[mode], "--kernels", *FLASH_KERNELS, "--json")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_causal_and_windowed_kernels_fit_and_spill_nothing_either(arch, mode):
+    # The masks add comparisons and registers: a choice clean without them can spill with them (sm_89's 64 × 64 dQ
+    # tile did, at head size 64, causal).
+    rows = compiled_in(arch, mode)
+    for kernel in FLASH_KERNELS:
+        for head in (64, 128):
+            offered = [t for t in getattr(flash.TILE_TABLES[arch], FIELDS[kernel]) if head <= t.max_head]
+            assert len([r for r in rows if (r["kernel"], r["head"]) == (kernel, head)]) == len(offered)
+    for row in rows:
+        where = f"{arch} {mode} {row['kernel']}, head {row['head']}, {row['tiles']}"
+        assert row["spill_bytes"] == 0, f"{where} spills {row['spill_bytes']} bytes"
+        assert row["shared_bytes"] <= SHARED_PER_BLOCK[arch], where
+        assert row["tensor_cores"] == (arch != "sm_75"), where
+        assert not row["wgmma_serialised"], f"{where}: ptxas serialised its wgmma (C7515)"
+    if mode == "window":  # a window leaves every visited tile masked: the unmasked loops are not even compiled
+        products = {r["kernel"]: r["products"] for r in rows if r["head"] == 64}
+        assert all(sum(products[kernel].values()) == PRODUCTS[kernel] // 2 for kernel in FLASH_KERNELS), products
+
+
 def test_ptxas_serialises_no_wgmma_of_the_default_forward_and_dq_kernels():
     # ptxas's C7515 note: "wgmma.mma_async instructions are serialized due to non wgmma instructions defining
     # accumulator registers of a wgmma between start and end of the pipeline stage", every product waiting for the
@@ -166,6 +197,7 @@ def test_ptxas_serialises_no_wgmma_of_the_default_forward_and_dq_kernels():
         assert not serialised, f"ptxas serialised the wgmma of {serialised}"
         assert all(r["wgmma"] for r in rows)
     assert not any(r["wgmma_serialised"] for arch in ("sm_80", "sm_89") for r in compiled(arch))  # no wgmma there
+    assert not any(r["wgmma_serialised"] for r in compiled("sm_90"))  # nor in the backward kernels
 
 
 def test_the_report_reads_the_c7515_note_from_ptxas():

@@ -6,6 +6,7 @@ a GPU (chapter 9): a T4 (sm_75), an A100 (sm_80), an L4 (sm_89) and an H100 (sm_
     python tools/compile_report.py --head 128 --loop     # also the skeleton of each kernel's inner loop
     python tools/compile_report.py --markdown            # the table benchmarks/results.md shows
     python tools/compile_report.py --arch all --json     # every architecture, as JSON
+    python tools/compile_report.py --window 256          # lib.flash with chapter 12's sliding window
 
 Each kernel is compiled as Triton's JIT specialises a real launch on that architecture: the wrapper in lib/flash.py
 (or lib/flash_decode.py) is run on "meta" tensors (shapes and strides, no memory) of a contiguous problem in the
@@ -80,8 +81,9 @@ class Launch:
     kwargs: dict
 
 
-def captured_launches(head, causal, variant, dtype=torch.bfloat16, shape=SHAPE):
-    """{kernel name: Launch} for a forward and a backward pass of lib.flash on a contiguous (Z, L, head) problem."""
+def captured_launches(head, causal, variant, dtype=torch.bfloat16, shape=SHAPE, window=None):
+    """{kernel name: Launch} for a forward and a backward pass of lib.flash on a contiguous (Z, L, head) problem
+    (with ``window``, chapter 12's sliding window, which needs ``causal``)."""
     Z, L, S = shape["Z"], shape["L"], shape["S"]
     caught = {}
 
@@ -109,13 +111,13 @@ def captured_launches(head, causal, variant, dtype=torch.bfloat16, shape=SHAPE):
         for name, fn in patches.items():
             setattr(flash, name, fn)
         q, k, v, do = (torch.empty(Z, n, head, device="meta", dtype=dtype) for n in (L, S, S, L))
-        o, lse = flash._forward(q, k, v, causal, head**-0.5, variant=variant)
+        o, lse = flash._forward(q, k, v, causal, head**-0.5, variant=variant, window=window)
         o = torch.empty(Z, L, head, device="meta", dtype=dtype)
         lse = torch.empty(Z, L, device="meta", dtype=torch.float32)
-        flash._backward(q, k, v, o, lse, do, causal, head**-0.5, variant=variant)
+        flash._backward(q, k, v, o, lse, do, causal, head**-0.5, variant=variant, window=window)
         if variant.atomic_dq:  # the deterministic path's two kernels too, for the table
             deterministic = dataclasses.replace(variant, atomic_dq=False)
-            flash._backward(q, k, v, o, lse, do, causal, head**-0.5, variant=deterministic)
+            flash._backward(q, k, v, o, lse, do, causal, head**-0.5, variant=deterministic, window=window)
     finally:
         for name, fn in saved.items():
             setattr(flash, name, fn)
@@ -379,10 +381,11 @@ def tiles_for(kernel, head, arch="sm_90"):
 
 
 def report(heads=(64, 128), causal=False, variant=None, kernels=tuple(KERNEL_TILES), with_loop=False, first=None,
-           arch="sm_90"):
+           arch="sm_90", window=None):
     """One row per (kernel, head size, tile choice) on ``arch``: registers, spills, shared memory, threads, where
     the products run, whether ptxas serialised the wgmma, and optionally the inner loop's instruction counts and
-    skeleton. ``first=n`` compiles only each list's first n choices."""
+    skeleton. ``first=n`` compiles only each list's first n choices; ``window`` compiles lib.flash's kernels for
+    a sliding window of that many keys (causal)."""
     variant = variant or flash.DEFAULT
     dtype = arch_dtype(arch)
     rows = []
@@ -390,7 +393,8 @@ def report(heads=(64, 128), causal=False, variant=None, kernels=tuple(KERNEL_TIL
         launches = {}
         if any(k in kernels for k in ("forward", "backward_kv", "backward_kv_deterministic", "backward_q",
                                       "preprocess")):
-            launches |= {(k, None): v for k, v in captured_launches(head, causal, variant, dtype).items()}
+            launches |= {(k, None): v for k, v in captured_launches(head, causal or window is not None, variant,
+                                                                    dtype, window=window).items()}
         rows16 = decode_rows(arch)[0]
         for n in decode_rows(arch) if {"decode", "decode_merge"} & set(kernels) else ():
             launches |= {(k, n): v for k, v in decode_launches(head, n, dtype).items()}
@@ -449,6 +453,7 @@ def main():
                         help="the architectures to compile for (all: every one in lib.flash.TILE_TABLES)")
     parser.add_argument("--head", nargs="+", type=int, default=[64, 128])
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--window", type=int, default=None, help="lib.flash with a sliding window (implies --causal)")
     parser.add_argument("--variant", default=None, choices=list(flash.LADDER), help="a rung of lib.flash.LADDER")
     parser.add_argument("--kernels", nargs="+", default=list(KERNEL_TILES), choices=list(KERNEL_TILES))
     parser.add_argument("--loop", action="store_true", help="also the inner loop's skeleton")
@@ -459,7 +464,7 @@ def main():
     variant = flash.LADDER[args.variant] if args.variant else None
     archs = ARCHS if "all" in args.arch else args.arch
     rows = [r for arch in archs for r in report(args.head, args.causal, variant, args.kernels, args.loop, args.first,
-                                                 arch)]
+                                                 arch, args.window)]
     missing = [f"{arch} {kernel} at head size {head}" for arch, kernel, head in not_offered(archs, args.head,
                                                                                           args.kernels)]
     if args.json:
