@@ -173,10 +173,10 @@ TILE_TABLES = {
         forward=(T(128, 32, num_warps=8, num_stages=2), T(64, 32, num_warps=4, num_stages=2),
                  T(128, 64, num_warps=8, num_stages=1)),
         backward_kv=(T(32, 64, num_warps=8, num_stages=2), T(64, 32, num_warps=4, num_stages=2)),
+        # (at head size 128 the atomic kernel's 4-warp choices spill with a window, a 3-stage 32 × 64 one when causal)
         backward_kv_atomic=(T(32, 64, num_warps=8, num_stages=2), T(32, 32, num_warps=4, num_stages=2, max_head=64),
                             T(16, 64, num_warps=4, num_stages=2, max_head=64)),
-        # (64 × 64 with 8 warps spills at head size 64 when causal or windowed; at 128, so do the atomic kernel's
-        # 4-warp choices with a window, and a 3-stage 32 × 64 one when causal)
+        # (64 × 64 with 8 warps spills at head size 64 when causal or windowed)
         backward_q=(T(64, 32, num_warps=4, num_stages=2), T(32, 64, num_warps=4, num_stages=2),
                     T(128, 32, num_warps=8, num_stages=2, max_head=64)),
     ),
@@ -602,7 +602,8 @@ def _flash_backward_kv(
     if WINDOWED:
         below = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1 + WINDOW, BLOCK_M) * BLOCK_M, tl.cdiv(L, BLOCK_M) * BLOCK_M)
         below = tl.maximum(below, lo)
-    below = tl.where(start_n + BLOCK_N > S, tl.cdiv(L, BLOCK_M) * BLOCK_M, below)
+    else:  # a ragged key block (above); with a window every visited block is masked already
+        below = tl.where(start_n + BLOCK_N > S, tl.cdiv(L, BLOCK_M) * BLOCK_M, below)
     # With a window the loop below is the only one, and is entered only when it has a block, as the forward loops
     # are (ptxas's C7515 otherwise); without one, the guard is left out, for the same reason.
     if not WINDOWED or lo < below:
@@ -725,7 +726,7 @@ def _bucket(n):
 
 def _tune_keys(kernel):
     """The arguments whose values select a tuned configuration (Triton adds every tensor's dtype)."""
-    keys = ("TUNE_L", "TUNE_S", "TUNE_Z", "E", "EV", "CAUSAL", "FOLD", "ATOMIC", "TMA", "LPT")
+    keys = ("TUNE_L", "TUNE_S", "TUNE_Z", "E", "EV", "CAUSAL", "FOLD", "ATOMIC", "TMA", "LPT", "WINDOWED")
     return [name for name in keys if name in kernel.arg_names]
 
 
@@ -1036,6 +1037,8 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
             raise ValueError(f"window must be at least 1 (keys a query sees, itself included), got {window}")
         if not causal:
             raise ValueError("window needs causal=True: the window is the last `window` keys up to each query")
+        if window >= L:  # query i < L sees every key j <= i: plain causal, which also keeps the kernels' int32
+            window = None  # arithmetic (key + window) from overflowing for a window near 2**31
     scale = _check_scale(scale, E)
     variant = _check_variant(variant, deterministic)
     if not isinstance(return_lse, bool):

@@ -376,7 +376,7 @@ def score_products(Q, K, labels=None, *, scale=None):
             terms = " + ".join(f"{_num(Qa[i, c])}·{_num(Ka[j, c])}" for c in range(d))
             factor = f" × {_r(scale, 3):g}" if scale != 1 else ""
             written = f"({terms}){factor} = {S[i, j]:.3f}".replace("-", "−")
-            short = f"k {cols[j]}: ({terms})\n{factor.strip()} = {S[i, j]:.3f}".replace("-", "−")
+            short = f"k {cols[j]}: ({terms})\n{factor.strip()} = {S[i, j]:.3f}".replace("\n ", "\n").replace("-", "−")
             cells.append({"i": i, "q": rows[i], "k": cols[j], "S": _r(S[i, j]),
                           "sum": f"q {rows[i]} · k {cols[j]} = {written}", "short": short})
     row = _slider("row", "query row i ", 0, n - 1, 1, 0)

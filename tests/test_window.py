@@ -147,8 +147,9 @@ def test_flash_window_gradients_equal_sdpa_with_the_band_mask(L, window, determi
 
 @pytest.mark.skipif(not flash.INTERPRETED, reason="the interpreter's tiles are fixed, so each key block's reach is known")
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "two-kernels"])
-def test_flash_window_backward_skips_the_query_blocks_no_window_reaches(deterministic):
-    L, window = 64, 9
+@pytest.mark.parametrize("window", [9, 1, 17])  # 1 and 17: a key block's reach ends exactly on a query block's edge
+def test_flash_window_backward_skips_the_query_blocks_no_window_reaches(deterministic, window):
+    L = 64
     bm, bn = flash.INTERPRETER_TILES.block_m, flash.INTERPRETER_TILES.block_n
     q, k, v = qkv(L, L, seed=5, E=16, Ev=16, device=DEVICE)
     do = torch.randn(2, 3, L, 16)
@@ -168,3 +169,75 @@ def test_flash_window_backward_skips_the_query_blocks_no_window_reaches(determin
         for clean, poisoned in zip(*grads):
             keys = slice(first, first + bn)
             torch.testing.assert_close(poisoned[..., keys, :], clean[..., keys, :], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not flash.INTERPRETED, reason="the interpreter's tiles are fixed, so each query block's reach is known")
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic-dq", "two-kernels"])
+@pytest.mark.parametrize("window", [9, 1, 17])
+def test_flash_window_backward_never_reads_keys_older_than_a_query_blocks_windows(deterministic, window):
+    # dQ of a query block, from the dQ kernel or from the dK/dV kernel's atomic adds, stays exact when every key
+    # block wholly older than all of its rows' windows holds NaN keys and values: no kernel loads them for it.
+    L = 64
+    bm, bn = flash.INTERPRETER_TILES.block_m, flash.INTERPRETER_TILES.block_n
+    q, k, v = qkv(L, L, seed=6, E=16, Ev=16, device=DEVICE)
+    do = torch.randn(2, 3, L, 16)
+    poisoned_any = False
+    for first in range(0, L, bm):
+        rows = slice(first, first + bm)
+        old = torch.tensor([j // bn * bn + bn - 1 < first - window + 1 for j in range(L)])  # whole blocks only
+        if not old.any():
+            continue
+        poisoned_any = True
+        poisoned_k, poisoned_v = k.clone(), v.clone()
+        poisoned_k[..., old, :] = float("nan")
+        poisoned_v[..., old, :] = float("nan")
+        dqs = []
+        for kk, vv in ((k, v), (poisoned_k, poisoned_v)):
+            x = q.clone().requires_grad_()
+            out = flash.flash_attention(x, kk, vv, causal=True, window=window, deterministic=deterministic)
+            dqs.append(torch.autograd.grad(out, x, do)[0])
+        torch.testing.assert_close(dqs[1][..., rows, :], dqs[0][..., rows, :], rtol=1e-5, atol=1e-6)
+    assert poisoned_any
+
+
+def top_left_band(L, S, window):
+    """Query i sees keys i - window < j <= i: flash_attention's window, top-left aligned, for any L and S."""
+    i, j = torch.arange(L)[:, None], torch.arange(S)[None, :]
+    return (j <= i) & (j > i - window)
+
+
+@pytest.mark.skipif(not flash.INTERPRETED, reason="forces tiles in the interpreter")
+@pytest.mark.parametrize("block", [(32, 16), (16, 32)], ids=lambda b: f"{b[0]}x{b[1]}")
+@pytest.mark.parametrize("L, S, window", [(45, 70, 6), (70, 45, 17), (40, 40, 33), (1, 9, 2)])
+def test_flash_window_with_unequal_tiles_and_lengths_equals_the_band_reference(L, S, window, block):
+    # The GPU tables' tiles are rarely square, and the key block's reach (dK/dV) and the query block's (dQ) are
+    # counted in different units: both are checked with query tiles taller and shorter than key tiles.
+    tiles = flash.Tiles(*block, num_warps=4, num_stages=1)
+    g = torch.Generator().manual_seed(7)
+    q, k, v, do = (torch.randn(2, n, 16, generator=g) for n in (L, S, S, L))
+    scale = 0.25
+    ref = [x.double().requires_grad_() for x in (q, k, v)]
+    scores = (ref[0] @ ref[1].transpose(-1, -2) * scale).masked_fill(~top_left_band(L, S, window), float("-inf"))
+    weights = torch.softmax(scores, -1).nan_to_num(0.0)  # a row with no key (none here) would give zeros
+    want = weights @ ref[2]
+    expected = torch.autograd.grad(want, ref, do.double())
+    o, lse = flash._forward(q, k, v, True, scale, tiles=tiles, window=window)
+    torch.testing.assert_close(o.double(), want.detach(), rtol=1e-4, atol=1e-5)
+    for variant in (flash.DEFAULT, flash.DETERMINISTIC):
+        grads = flash._backward(q, k, v, o, lse, do, True, scale, tiles=tiles, variant=variant, q_tiles=tiles,
+                                window=window)
+        for name, ours, theirs in zip("qkv", grads, expected):
+            torch.testing.assert_close(ours.double(), theirs, rtol=1e-4, atol=1e-5, msg=f"d{name}, {variant}")
+
+
+def test_a_window_as_long_as_the_queries_is_plain_causal():
+    # query i < L sees every key j <= i once window >= L: the call is plain causal, and stays exact for a window
+    # near 2**31, where the kernels' int32 "key + window" would wrap
+    q, k, v = (t.requires_grad_() for t in qkv(40, 40, seed=8, E=16, Ev=16, device=DEVICE))
+    want = flash.flash_attention(q, k, v, causal=True)
+    want_grads = torch.autograd.grad(want.sum(), (q, k, v))
+    for window in (40, 41, 2**31 - 1, 2**40):
+        out = flash.flash_attention(q, k, v, causal=True, window=window)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        for ours, theirs in zip(torch.autograd.grad(out.sum(), (q, k, v)), want_grads):
+            torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
