@@ -74,10 +74,9 @@ INTERPRETER_TILES = Tiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
 # choice of every table is compiled for its architecture by tools/compile_report.py in CI, as the JIT specialises
 # a contiguous launch (bfloat16; float16 on sm_75, which has no bfloat16 tensor-core products): at head sizes 64
 # and 128 (where its max_head allows), causal or not and with chapter 12's sliding window, none spills registers,
-# all fit one block's shared memory, and from sm_80 on
-# every product runs on the tensor cores (below it Triton has none; see TILE_TABLES). On sm_90 the products compile
-# to the asynchronous warpgroup instruction (wgmma) when the product's left operand has at least 64 rows; the
-# exceptions are named below.
+# all fit one block's shared memory, and from sm_80 on every product runs on the tensor cores (below it Triton has
+# none; see TILE_TABLES). On sm_90 the products compile to the asynchronous warpgroup instruction (wgmma) when the
+# product's left operand has at least 64 rows; the exceptions are named below.
 T = Tiles
 FORWARD_TILES = (  # left operands: the query tile (BLOCK_M rows) and the weights P (BLOCK_M rows)
     T(128, 64, num_warps=8, num_stages=3),
@@ -1011,8 +1010,8 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
     (:class:`Variant`, :data:`LADDER`), for measuring each alone.
 
     Products of half-precision inputs run on the tensor cores (from compute capability 8.0; on a T4 Triton
-    multiplies on the CUDA cores) and accumulate in float32; the softmax statistics
-    and the output accumulator are float32. float32 inputs are multiplied in IEEE float32 (products rounded to float32,
+    multiplies on the CUDA cores) and accumulate in float32; the softmax statistics and the output accumulator are
+    float32. float32 inputs are multiplied in IEEE float32 (products rounded to float32,
     no TF32), far slower: the kernel is built for half precision. Differentiable: the backward pass recomputes each tile's
     weights from the saved row logsumexp, so training saves nothing of size L × S. On a CPU the kernels run in
     Triton's interpreter if TRITON_INTERPRET=1 was set before Triton was first imported (not for bfloat16).

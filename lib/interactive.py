@@ -373,12 +373,12 @@ def score_products(Q, K, labels=None, *, scale=None):
     cells = []
     for i in range(n):
         for j in range(len(Ka)):
-            terms = " + ".join(f"{_num(Qa[i, c])}·{_num(Ka[j, c])}" for c in range(d))
-            factor = f" × {_r(scale, 3):g}" if scale != 1 else ""
-            written = f"({terms}){factor} = {S[i, j]:.3f}".replace("-", "−")
-            short = f"k {cols[j]}: ({terms})\n{factor.strip()} = {S[i, j]:.3f}".replace("\n ", "\n").replace("-", "−")
+            products = "(" + " + ".join(f"{_num(Qa[i, c])}·{_num(Ka[j, c])}" for c in range(d)) + ")"
+            tail = (f"× {_r(scale, 3):g} " if scale != 1 else "") + f"= {S[i, j]:.3f}"
+            products, tail = products.replace("-", "−"), tail.replace("-", "−")
             cells.append({"i": i, "q": rows[i], "k": cols[j], "S": _r(S[i, j]),
-                          "sum": f"q {rows[i]} · k {cols[j]} = {written}", "short": short})
+                          "sum": f"q {rows[i]} · k {cols[j]} = {products} {tail}",
+                          "short": f"k {cols[j]}: {products}\n{tail}"})
     row = _slider("row", "query row i ", 0, n - 1, 1, 0)
     base = alt.Chart(_data(cells))
     heat = base.mark_rect().encode(
@@ -396,10 +396,11 @@ def score_products(Q, K, labels=None, *, scale=None):
     # for a phone's column; every row's sums are also drawn unseen, so that the figure is laid out for the longest
     # of them whichever row the slider shows
     text = {"align": "left", "fontSize": 11, "lineBreak": "\n"}
-    written = base.mark_text(**text).encode(
+    sums_text = base.mark_text(**text).encode(
         x=alt.value(0), y=alt.Y("k:N", sort=cols, title=None, axis=None), text="short:N")
     lines = [line for c in cells for line in c["short"].split("\n")]
-    sums = (alt.layer(written.mark_text(**text, opacity=0, aria=False), written.transform_filter("datum.i == row"))
+    sums = (alt.layer(sums_text.mark_text(**text, opacity=0, aria=False),
+                      sums_text.transform_filter("datum.i == row"))
             .properties(width=max(80 * d + 70, _text_width(lines)), height=36 * len(Ka),
                         title="q_i · k_j, the chosen row written out"))
     chart = alt.hconcat(matrix, sums).add_params(row)

@@ -362,6 +362,8 @@ KERNEL_TILES = {  # each kernel's tile list in an architecture's table (the othe
     "decode_paged": lambda arch: (fd.DECODE_TILES[arch],),
     "decode_merge": lambda arch: (None,),
 }
+
+
 def decode_rows(arch):
     """The split kernel's row tiles compiled on ``arch``: 16 (G · L up to 16, e.g. 4 query heads a key/value head
     and one new query) and the largest its table allows (lib.flash_decode.DecodeTiles.max_rows)."""
