@@ -1,0 +1,136 @@
+"""The small models chapters 10 and 12 train, their recipes, and their weights stored with the course.
+
+Training on a CPU repeats exactly on one machine (one thread, deterministic algorithms), but not across machines:
+the vector width and the matrix kernels torch picks for a CPU (AVX2, AVX-512, Arm's NEON) change the order of
+floating-point sums, and a few hundred steps of Adam turn a last-bit difference into another model, whose figures
+differ from the first one's in the second decimal. So the models whose figures a chapter prints are trained once by
+the recipes below (``python tools/train_models.py``, on any machine), their weights are stored in ``lib/weights/``
+(a few hundred kilobytes in all), and the chapters load them: every reader, and every CI machine, then sees the same
+numbers. The library tests run the same recipes afresh and check what the chapters say of the result, with
+tolerances, so a stored file stands for what its recipe does on any machine, not for one lucky run.
+
+A reader who retrains in a chapter (``RETRAIN = True``) gets a model of the same kind whose printed digits may
+differ; the chapters' checks hold for it too.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+from torch.nn import functional as F
+
+from lib.model import TinyLM
+from lib.variants import lookup_batch, masked_forward
+
+__all__ = ["INDUCTION", "LOOKUP", "WEIGHTS", "load", "repeat_batch", "save", "train_induction", "train_lookup"]
+
+WEIGHTS = pathlib.Path(__file__).resolve().parent / "weights"
+
+
+def _path(name):
+    if not name or not all(c.isalnum() or c in "-_" for c in name):
+        raise ValueError(f"a stored model's name is letters, digits, '-' and '_'; got {name!r}")
+    return WEIGHTS / f"{name}.pt"
+
+
+def save(name, model, **extra):
+    """Store ``model``'s weights (and tensors in ``extra``, such as learned sink logits) as lib/weights/NAME.pt."""
+    WEIGHTS.mkdir(exist_ok=True)
+    state = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    state.update({k: v.detach().clone() for k, v in extra.items()})
+    torch.save(state, _path(name))
+
+
+def load(name, model):
+    """``model`` with the weights stored as NAME, in eval mode, and a dict of the extra tensors stored beside them.
+
+    ``model`` must be built with the shapes it was trained with: a mismatch raises torch's own error, which names
+    the parameter."""
+    path = _path(name)
+    if not path.is_file():
+        raise FileNotFoundError(f"no stored model {name!r} at {path}: run `python tools/train_models.py` to train it")
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state.pop("model"))
+    return model.eval(), state
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapter 10: induction heads. A segment of m distinct tokens (3 <= m <= 8) out of 20, the same segment again, then
+# filler, 16 tokens in all; the model is scored inside the repeat, where the next token is determined.
+# --------------------------------------------------------------------------------------------------------------
+
+INDUCTION = {"vocab": 20, "n_tokens": 16, "d_model": 32, "n_layers": 2, "n_heads": 2, "steps": 300, "seeds": 5}
+
+
+def repeat_batch(gen, size):
+    """Tokens (size, 16): a segment of m distinct tokens, the segment again, then filler; the positions (size, 15)
+    whose next token the repeat determines; and m (size, 1)."""
+    V, N = INDUCTION["vocab"], INDUCTION["n_tokens"]
+    m = torch.randint(3, 9, (size, 1), generator=gen)  # segment length, 3 to 8
+    segment = torch.rand(size, V, generator=gen).argsort(-1)[:, :8]  # distinct
+    filler = torch.randint(0, V, (size, N), generator=gen)
+    pos = torch.arange(N)
+    from_segment = segment.gather(1, torch.where(pos < m, pos, (pos - m).clamp(max=7)))
+    tokens = torch.where(pos < 2 * m, from_segment, filler)
+    scored = (pos >= m) & (pos < 2 * m - 1)  # in the repeat: the next token is known
+    return tokens, scored[:, :-1], m
+
+
+def induction_model():
+    """The untrained model of the induction task: :class:`TinyLM`, 2 layers of 2 heads, RoPE, no MLP."""
+    c = INDUCTION
+    return TinyLM(c["vocab"], c["d_model"], n_layers=c["n_layers"], n_heads=c["n_heads"], d_ff=0)
+
+
+def train_induction(seed, steps=INDUCTION["steps"]):
+    """Train :func:`induction_model` from seed ``seed``: Adam at 1e-2, fresh batches of 64, next-token loss inside
+    the repeat only. Returns the model in eval mode."""
+    torch.manual_seed(seed)
+    model = induction_model()
+    optimiser = torch.optim.Adam(model.parameters(), lr=1e-2)
+    data = torch.Generator().manual_seed(100 + seed)
+    for _ in range(steps):
+        tokens, scored, _ = repeat_batch(data, 64)
+        logits = model(tokens)[:, :-1]  # position p predicts token p + 1
+        loss = F.cross_entropy(logits[scored], tokens[:, 1:][scored])
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return model.eval()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapter 12: the lookup task (lib.variants.lookup_batch), with and without a learned sink logit per head.
+# --------------------------------------------------------------------------------------------------------------
+
+LOOKUP = {"n_symbols": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "steps": 500}
+
+
+def lookup_model():
+    """The untrained model of the lookup task: :class:`TinyLM`, 2 layers of 2 heads, RoPE, no MLP; its vocabulary
+    is the 64 symbols, the BOS token and the answer "none"."""
+    c = LOOKUP
+    return TinyLM(c["n_symbols"] + 2, c["d_model"], n_layers=c["n_layers"], n_heads=c["n_heads"], d_ff=0)
+
+
+def train_lookup(learned_sink, seed=0, steps=LOOKUP["steps"]):
+    """Train :func:`lookup_model` on fresh batches of 64 with the whole causal context visible; with
+    ``learned_sink`` also one sink logit per head (zeros at first, its own learning rate 0.1). Returns
+    ``(model, sinks)``, sinks (n_layers, n_heads) or None."""
+    torch.manual_seed(seed)
+    model = lookup_model()
+    sinks = torch.nn.Parameter(torch.zeros(LOOKUP["n_layers"], LOOKUP["n_heads"])) if learned_sink else None
+    groups = [{"params": model.parameters()}]
+    if learned_sink:
+        groups.append({"params": [sinks], "lr": 0.1})
+    optimiser = torch.optim.Adam(groups, lr=1e-2)
+    data = torch.Generator().manual_seed(100 + seed)
+    for _ in range(steps):
+        tokens, targets = lookup_batch(data, 64)
+        logits = masked_forward(model, tokens, sinks=sinks)
+        loss = F.cross_entropy(logits[:, 1:].flatten(0, 1), targets[:, 1:].flatten())
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return model.eval(), (None if sinks is None else sinks.detach())

@@ -1,0 +1,221 @@
+"""The stored models of chapters 10 and 12 and the recipes that make them (lib.trained).
+
+The chapters load weights trained once, so that every machine prints the same figures. These tests train the same
+recipes afresh on whatever CPU runs them and check what the chapters claim of the result, with the chapters' own
+margins; then they check that the stored weights meet the same claims. A recipe whose fresh models stopped meeting
+them, or stored weights that no longer came from a recipe that does, fail here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lib import trained
+from lib import variants as vr
+from lib.model import head_ablations
+
+SEEDS = range(trained.INDUCTION["seeds"])
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapter 10: induction heads
+# --------------------------------------------------------------------------------------------------------------
+
+
+def induction_claims(model):
+    """The failures of chapter 10's claims on one induction model: an empty list when it meets them all."""
+    tokens, scored, m = trained.repeat_batch(torch.Generator().manual_seed(7), 1000)
+    N = tokens.shape[1]
+
+    def accuracy(model_):
+        with torch.no_grad():
+            predicted = model_(tokens)[:, :-1].argmax(-1)
+        return (predicted == tokens[:, 1:])[scored].float().mean().item()
+
+    with torch.no_grad():
+        _, maps = model(tokens, return_weights=True)
+    target = (torch.arange(N) - m + 1).clamp(min=0)  # p - m + 1: the key after A's first occurrence
+    induction = [maps[1][:, h].gather(2, target[..., None])[..., 0][:, :-1][scored].mean().item() for h in range(2)]
+    model.fit_head_means(trained.repeat_batch(torch.Generator().manual_seed(8), 1000)[0])
+    mean = head_ablations(model, accuracy)
+    resample = head_ablations(model, accuracy, source=tokens.roll(1, dims=0))
+    guess = (1 / m.float()).expand(-1, N - 1)[scored].mean().item()
+    failed = []
+    if mean.intact < 0.95:
+        failed.append(f"accuracy {mean.intact:.3f} < 0.95 inside the repeat")
+    if min(induction) < 0.8:
+        failed.append(f"layer 2's induction shares {induction}: one below 0.8")
+    for result in (mean, resample):
+        l1, l2 = result.layers
+        if not (l1 < 0.3 and l2 < 0.1):
+            failed.append(f"{result.kind}: whole layers off leave {l1:.2f}, {l2:.2f}")
+        if not 0.8 * guess < l1:
+            failed.append(f"{result.kind}: layer 1 off falls below guessing ({l1:.2f})")
+    if not min(resample.heads[1]) < min(mean.heads[1]) - 0.2:
+        failed.append("resampling a layer-2 head should cost more than mean-ablating it")
+    return failed
+
+
+@pytest.fixture(scope="module")
+def fresh_inductors():
+    torch.use_deterministic_algorithms(True)
+    try:
+        return {seed: trained.train_induction(seed) for seed in SEEDS}
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_induction_recipe_meets_chapter_10s_claims_on_this_machine(fresh_inductors, seed):
+    assert induction_claims(fresh_inductors[seed]) == []
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_stored_induction_models_meet_the_same_claims(seed):
+    model, extra = trained.load(f"induction-seed{seed}", trained.induction_model())
+    assert extra == {}
+    assert not model.training
+    assert induction_claims(model) == []
+
+
+def test_a_model_trained_too_briefly_fails_the_claims():
+    """The claims can fail: 20 steps of the recipe do not make an induction head."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert induction_claims(trained.train_induction(0, steps=20)) != []
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapter 12: the lookup task, with and without learned sinks
+# --------------------------------------------------------------------------------------------------------------
+
+W = 8  # the window chapter 12 keeps
+
+
+def lookup_figures(model, sinks=None):
+    """Accuracy past the window with the whole context, the last W tokens, and the last W and token 0; each
+    layer's mean weight per head on token 0; and the accuracy with token 0's value zeroed."""
+    tokens, targets = vr.lookup_batch(torch.Generator().manual_seed(7), 1000)
+    n = tokens.shape[1]
+
+    def run(mask, **kwargs):
+        with torch.no_grad():
+            return vr.masked_forward(model, tokens, mask, sinks=sinks, **kwargs)
+
+    def right(logits):
+        return (logits.argmax(-1) == targets)[:, W:].float().mean().item()
+
+    masks = (None, vr.streaming_mask(n, W), vr.streaming_mask(n, W, n_sink=1))
+    accuracy = [right(run(mask)) for mask in masks]
+    _, maps = run(None, return_weights=True)
+    on_first = torch.stack([m[:, :, W:, 0].mean((0, 2)) for m in maps])  # (layer, head)
+
+    def zero_first_value(q, k, v, allowed):
+        v = torch.cat([torch.zeros_like(v[..., :1, :]), v[..., 1:, :]], dim=-2)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+    no_value = right(run(None, attend=zero_first_value))
+    none_share = (targets[:, W:] == trained.LOOKUP["n_symbols"] + 1).float().mean().item()
+    return accuracy, on_first, no_value, none_share
+
+
+def lookup_claims(plain, sink_model, sinks):
+    """The failures of chapter 12's claims on a plain and a learned-sink lookup model."""
+    (whole, window, with_sink), on_first, no_value, none_share = lookup_figures(plain)
+    failed = []
+    if not whole > none_share + 0.05:
+        failed.append(f"accuracy {whole:.3f} does not beat answering '-' ({none_share:.3f})")
+    if not window < whole - 0.5:
+        failed.append(f"evicting token 0 leaves {window:.3f} of {whole:.3f}")
+    if not abs(with_sink - whole) < 0.01:
+        failed.append(f"keeping token 0 gives {with_sink:.3f}, not {whole:.3f}")
+    if not on_first.max().item() > 0.3:
+        failed.append("no head parks on token 0")
+    if not (no_value < whole - 0.5 and abs(no_value - window) < 0.05):
+        failed.append(f"token 0's value zeroed leaves {no_value:.3f}")
+    sink_accuracy, sink_first, _, _ = lookup_figures(sink_model, sinks)
+    if not sink_first[1].max().item() < on_first[1].max().item() / 3:
+        failed.append("the learned sink does not relieve layer 2")
+    if not sink_first[0].max().item() > 0.3:
+        failed.append("with sinks, layer 1 no longer leans on token 0")
+    if not sink_accuracy[1] < sink_accuracy[0] - 0.4:
+        failed.append("with sinks, eviction no longer hurts")
+    return failed
+
+
+def test_the_lookup_recipe_meets_chapter_12s_claims_on_this_machine():
+    torch.use_deterministic_algorithms(True)
+    try:
+        plain, _ = trained.train_lookup(learned_sink=False)
+        sink_model, sinks = trained.train_lookup(learned_sink=True)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert sinks.shape == (2, 2) and not sinks.requires_grad
+    assert lookup_claims(plain, sink_model, sinks) == []
+
+
+def test_the_stored_lookup_models_meet_the_same_claims():
+    plain, extra = trained.load("lookup-plain", trained.lookup_model())
+    assert extra == {}
+    sink_model, stored = trained.load("lookup-sink", trained.lookup_model())
+    assert set(stored) == {"sinks"}
+    assert lookup_claims(plain, sink_model, stored["sinks"]) == []
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Storing and loading
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_save_then_load_gives_the_same_model_and_extras(tmp_path, monkeypatch):
+    monkeypatch.setattr(trained, "WEIGHTS", tmp_path)
+    torch.manual_seed(1)
+    model = trained.lookup_model()
+    trained.save("a-model_1", model, sinks=torch.tensor([[0.5, -1.0], [2.0, 0.0]]))
+    torch.manual_seed(2)
+    loaded, extra = trained.load("a-model_1", trained.lookup_model())
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert torch.equal(extra["sinks"], torch.tensor([[0.5, -1.0], [2.0, 0.0]]))
+
+
+def test_every_model_tools_train_models_writes_is_stored():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "tools" / "train_models.py"
+    spec = importlib.util.spec_from_file_location("train_models", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    names = set(module.recipes())
+    assert names == {f"induction-seed{s}" for s in SEEDS} | {"lookup-plain", "lookup-sink"}
+    assert {p.stem for p in trained.WEIGHTS.glob("*.pt")} == names
+
+
+@pytest.mark.parametrize("name", ["", "../x", "a b", "x.pt"])
+def test_a_bad_name_is_refused(name):
+    with pytest.raises(ValueError, match="name"):
+        trained.load(name, trained.lookup_model())
+
+
+def test_a_missing_model_names_the_command_that_trains_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(trained, "WEIGHTS", tmp_path)
+    with pytest.raises(FileNotFoundError, match="tools/train_models.py"):
+        trained.load("nothing-here", trained.lookup_model())
+
+
+def test_weights_of_another_shape_are_refused():
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        trained.load("lookup-plain", trained.induction_model())
