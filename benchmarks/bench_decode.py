@@ -152,7 +152,8 @@ def main():
     out_file = open(args.csv, "w", newline="") if args.csv else None  # noqa: SIM115 (closed below)
     if out_file:
         writer = csv.DictWriter(out_file, fieldnames=[*header, "dtype", "B", "H", "Hkv", "d", "L", "S", "impl",
-                                                      "splits", "ms", "ms_with_host", "gb_per_s", "share_of_peak", "max_err"])
+                                                      "splits", "ms", "ms_with_host", "gb_per_s", "share_of_peak",
+                                                      "max_err"])
         writer.writeheader()
     print(f"\n{'S':>7}  {'implementation':<22} {'splits':>6} {'programs':>8} {'ms':>9} {'with host':>9} {'GB/s':>8} {'% peak':>7}  "
           "max |out - sdpa|")

@@ -415,7 +415,7 @@ def test_the_decoding_benchmark_runs_end_to_end_in_the_interpreter(tmp_path):
     assert "sdpa ran _scaled_dot_product_flash_attention_for_cpu" in result.stdout
     rows = [line.split(",") for line in table.read_text().splitlines()]
     assert rows[0] == ["device", "torch", "triton", "cuda", "date", "dtype", "B", "H", "Hkv", "d", "L", "S", "impl",
-                       "splits", "ms", "gb_per_s", "share_of_peak", "max_err"]
+                       "splits", "ms", "ms_with_host", "gb_per_s", "share_of_peak", "max_err"]
     assert len(rows) == 1 + 4
     by_impl = {(r[11], r[12]): r for r in rows[1:]}
     assert by_impl[("200", "auto")][13] == "3"  # 200 keys, 64 at least per slice: 3 slices on an H100's rule
