@@ -181,3 +181,80 @@ def test_flash_attention_and_flash_decode_take_flash_attns_layout():
         got = flash_decode.flash_decode(q1.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), axes="bshd")
     torch.testing.assert_close(got, want.transpose(1, 2))
     torch.testing.assert_close(want, sdpa(q1, k, v, None))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# One causal rule: True is top-left, bottom-right is spelled out
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_sink_attention_follows_the_one_causal_rule():
+    from lib import variants as vr
+
+    q, k, v = qkv(lq=3, s=6)  # L < S, where the alignments differ
+    for causal, sdpa_mask in ((True, torch.ones(3, 6, dtype=torch.bool).tril()),
+                              ("top-left", torch.ones(3, 6, dtype=torch.bool).tril()),
+                              ("bottom-right", torch.ones(3, 6, dtype=torch.bool).tril(3))):
+        torch.testing.assert_close(vr.sink_attention(q, k, v, -math.inf, causal=causal), sdpa(q, k, v, sdpa_mask))
+    torch.testing.assert_close(vr.sink_attention(q, k, v, -math.inf), attn.attention(q, k, v, causal=True))
+    with pytest.raises(ValueError, match="causal"):
+        vr.sink_attention(q, k, v, causal="bottom_right")
+    with pytest.raises(ValueError, match="bottom-right"):
+        vr.sink_attention(k, q, q[..., :3, :], causal="bottom-right")  # L > S
+
+
+@pytest.mark.parametrize(("L", "S"), [(3, 9), (9, 9), (9, 4)])
+def test_sliding_window_mask_aligns_as_the_window_kernels(L, S):
+    from lib import variants as vr
+
+    q, k, v = qkv(lq=L, s=S)
+    for align, causal in (("top-left", True), ("bottom-right", "bottom-right")):
+        if align == "bottom-right" and L > S:
+            with pytest.raises(ValueError, match="L must be <= S"):
+                vr.sliding_window_mask(L, S, 3, align=align)
+            continue
+        band = vr.sliding_window_mask(L, S, 3, align=align)
+        torch.testing.assert_close(tiles.tiled_attention(q, k, v, causal=causal, window=3, block_size=2),
+                                   attn.attention(q, k, v, band))
+    if L <= S:
+        torch.testing.assert_close(flash.flash_attention(q.float(), k.float(), v.float(), causal=True, window=3),
+                                   attn.attention(q, k, v, vr.sliding_window_mask(L, S, 3)).float(),
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_sink_attention_takes_grouped_query_heads():
+    from lib import variants as vr
+
+    q, (k, v) = qkv(h=4, lq=5, s=5)[0], qkv(h=2, lq=5, s=5)[1:]
+    sink = torch.tensor([0.0, 1.0, -1.0, 2.0], dtype=torch.float64)
+    want = vr.sink_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), sink)
+    torch.testing.assert_close(vr.sink_attention(q, k, v, sink), want)
+    torch.testing.assert_close(vr.sink_attention(q, k, v, -math.inf),
+                               F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+    with pytest.raises(ValueError, match="not a multiple of the 3 key/value heads"):
+        vr.sink_attention(q, k[:, :1].expand(-1, 3, -1, -1), v[:, :1].expand(-1, 3, -1, -1))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The rolling cache under chunked prefill
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunks", [[1] * 5 + [2, 1, 3], [3, 4, 2, 2], [11], [9, 2], [4, 4, 3]], ids=str)
+def test_a_rolling_cache_under_chunked_prefill_gives_the_band_mask(chunks):
+    from lib import variants as vr
+
+    W, n = 4, sum(chunks)
+    q, k, v = qkv(lq=n, s=n, seed=3)
+    want = sdpa(q, k, v, vr.sliding_window_mask(n, n, W))
+    cache, outs, start = vr.RollingKVCache(W), [], 0
+    for T in chunks:
+        keys, values, pos = cache.append(k[..., start:start + T, :], v[..., start:start + T, :],
+                                         return_positions=True)
+        assert pos.tolist() == list(range(max(0, start - W + 1), start + T))  # in order, with their positions
+        torch.testing.assert_close(keys, k[..., pos, :])
+        band = vr.sliding_window_mask(T, keys.shape[-2], W, align="bottom-right")
+        outs.append(sdpa(q[..., start:start + T, :], keys, values, band))
+        start += T
+    torch.testing.assert_close(torch.cat(outs, dim=-2), want)
+    assert cache.nbytes == 2 * B * H * W * E * 8  # never more than the window's slots
