@@ -258,3 +258,36 @@ def test_a_rolling_cache_under_chunked_prefill_gives_the_band_mask(chunks):
         start += T
     torch.testing.assert_close(torch.cat(outs, dim=-2), want)
     assert cache.nbytes == 2 * B * H * W * E * 8  # never more than the window's slots
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Left-padded ragged prompts through the model
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_tinylm_and_generate_take_an_attention_mask_for_left_padded_prompts():
+    from lib.model import TinyLM, generate
+
+    torch.manual_seed(0)
+    model = TinyLM(11, 16, 2, 4, 2).eval()
+    prompts = [torch.tensor([3, 1, 4, 1, 5]), torch.tensor([9, 2]), torch.tensor([6, 5, 3])]
+    P = max(len(p) for p in prompts)
+    padded = torch.stack([torch.cat([torch.zeros(P - len(p), dtype=torch.long), p]) for p in prompts])
+    mask = torch.stack([torch.arange(P) >= P - len(p) for p in prompts]).long()  # HF: 1 on real tokens
+    logits = model(padded, attention_mask=mask)
+    for b, p in enumerate(prompts):
+        torch.testing.assert_close(logits[b, P - len(p):], model(p[None])[0], rtol=1e-5, atol=1e-5)
+    assert not logits.isnan().any()
+    for use_cache in (True, False):
+        tokens, steps = generate(model, padded, 4, attention_mask=mask, use_cache=use_cache)
+        for b, p in enumerate(prompts):
+            alone, alone_steps = generate(model, p[None], 4)
+            assert tokens[b, P:].tolist() == alone[0, len(p):].tolist()
+            for got, want in zip(steps, alone_steps):
+                torch.testing.assert_close(got[b], want[0], rtol=1e-5, atol=1e-5)
+    unmasked = model(padded)  # without the mask the padding leaks into the short prompts
+    assert (unmasked[1, -1] - model(prompts[1][None])[0, -1]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match=r"attention_mask must have shape \(B, S\) = \(3, 5\)"):
+        model(padded, attention_mask=mask[:, 1:])
+    with pytest.raises(ValueError, match="0 \\(padding\\) and 1"):
+        model(padded, attention_mask=mask * 2)
