@@ -390,6 +390,9 @@ def _heads_to_attend(module, x, context, cache, check_context, rotate):
     q = split_heads(x @ module.w_q, module.n_heads)  # (..., H, L, d)
     if cache is not None and not all(hasattr(cache, a) for a in ("append", "static", "__len__")):  # a KVCache
         raise TypeError(f"cache must be a lib.decoding.KVCache or None, got {type(cache).__name__}")
+    if cache is not None and getattr(cache, "axes", "bhsd") != "bhsd":
+        raise ValueError(f"the modules store split heads (..., Hkv, S, d): pass KVCache(capacity), not a cache with "
+                         f"axes={cache.axes!r}")
     if rotate is not None and not callable(rotate):
         raise TypeError(f"rotate must be a function rotate(t, start) or None, got {type(rotate).__name__}")
     static = cache is not None and cache.static

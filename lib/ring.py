@@ -37,6 +37,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from lib.backend import _check_axes, _from_axes, _to_axes
 from lib.merge import attention_state, merge_states
 
 __all__ = [
@@ -567,7 +568,8 @@ def _compute_dtype(dtype):
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def ring_attention(q, k, v, *, causal=False, layout="contiguous", scale=None, group=None, return_lse=False):
+def ring_attention(q, k, v, *, causal=False, layout="contiguous", scale=None, group=None, return_lse=False,
+                   axes="bhsd"):
     """Attention of this rank's queries over the keys of every rank, passing key/value blocks round a ring.
 
     Call it on every rank of ``group`` (default: the whole world), each with its shard q (..., n, E), k (..., n, E),
@@ -584,9 +586,15 @@ def ring_attention(q, k, v, *, causal=False, layout="contiguous", scale=None, gr
     :mod:`lib.merge`, differentiable too.
     Raises RuntimeError without a process group or on a rank outside ``group``; ValueError, on every rank, when the
     ranks' shards differ in shape or dtype, the layout cannot split them, or the ranks pass different ``causal``,
-    ``layout`` or ``scale``.
+    ``layout`` or ``scale``. ``axes="bshd"`` takes and returns flash-attn's (B, n, H, E) shards (lse stays
+    (B, H, n)); ``layout`` is how the sequence is split over the ranks, ``axes`` the order of a shard's axes.
     """
     rank, P = _group_rank_size(group, "ring_attention")
+    if _check_axes(axes) == "bshd":
+        named = _from_axes(axes, {"q": q, "k": k, "v": v})
+        got = ring_attention(named["q"], named["k"], named["v"], causal=causal, layout=layout, scale=scale,
+                             group=group, return_lse=return_lse)
+        return (_to_axes(axes, got[0]), got[1]) if return_lse else _to_axes(axes, got)
 
     def even(q, k, v):
         _check_layout(layout)
@@ -665,7 +673,7 @@ class _HeadsToSeq(torch.autograd.Function):
         return _seq_to_heads(grad, *ctx.setup), None, None
 
 
-def ulysses_attention(q, k, v, *, causal=False, scale=None, group=None):
+def ulysses_attention(q, k, v, *, causal=False, scale=None, group=None, axes="bhsd"):
     """Attention over the whole sequence by re-sharding heads with two all-to-alls ("Ulysses", chapter 11).
 
     q (..., H, n, E), k (..., Hkv, n, E), v (..., Hkv, n, Ev): this rank's contiguous shard of the sequence for
@@ -673,9 +681,13 @@ def ulysses_attention(q, k, v, *, causal=False, scale=None, group=None):
     only the Hkv key/value heads are sent). An all-to-all gives each rank all N tokens of H/P query heads and
     the Hkv/P key/value heads they read, it runs ordinary attention on them, and a second all-to-all returns its
     output rows (..., H, n, Ev). Differentiable (the all-to-all's backward is the inverse all-to-all). Errors as
-    for :func:`ring_attention`.
+    for :func:`ring_attention`; ``axes="bshd"`` as there.
     """
     _, P = _group_rank_size(group, "ulysses_attention")
+    if _check_axes(axes) == "bshd":
+        named = _from_axes(axes, {"q": q, "k": k, "v": v})
+        out = ulysses_attention(named["q"], named["k"], named["v"], causal=causal, scale=scale, group=group)
+        return _to_axes(axes, out)
 
     def heads(q, k, v):
         if q.ndim < 3:
@@ -872,11 +884,16 @@ def run_cases(rank, world_size, cases):
             kwargs["layout"] = layout
         if "dlse" in case:
             kwargs["return_lse"] = True
+        bshd = case.get("axes") == "bshd"  # the shards are passed as (B, n, H, E) and the results turned back
+        if bshd:
+            kwargs["axes"] = "bshd"
         try:
             if "shards" in case:
                 q, k, v = case["shards"][me]
             else:
                 q, k, v = (shard(case[x], me, size, layout) for x in ("q", "k", "v"))
+            if bshd:
+                q, k, v = (x.transpose(1, 2) for x in (q, k, v))
             q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
             reset_bytes_sent()
             out = fn(q, k, v, **kwargs)
@@ -884,6 +901,8 @@ def run_cases(rank, world_size, cases):
             forward_bytes = bytes_sent()
             reset_bytes_sent()
             dout = shard(case["dout"], me, size, layout) if "dout" in case else torch.ones_like(out)
+            if bshd and "dout" in case:
+                dout = dout.transpose(1, 2)
             if lse is None:
                 out.backward(dout)
             else:
@@ -891,6 +910,8 @@ def run_cases(rank, world_size, cases):
                 torch.autograd.backward([out, lse], [dout, dlse])
             result = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad,
                       "bytes_forward": forward_bytes, "bytes_backward": bytes_sent()}
+            if bshd:
+                result.update({name: result[name].transpose(1, 2) for name in ("out", "dq", "dk", "dv")})
             if lse is not None:
                 result["lse"] = lse.detach()
             results.append(result)

@@ -291,3 +291,19 @@ def test_tinylm_and_generate_take_an_attention_mask_for_left_padded_prompts():
         model(padded, attention_mask=mask[:, 1:])
     with pytest.raises(ValueError, match="0 \\(padding\\) and 1"):
         model(padded, attention_mask=mask * 2)
+
+
+def test_a_kv_cache_takes_flash_attns_layout():
+    from lib.decoding import KVCache
+
+    _, k, v = qkv(s=4, h=4)  # S = Hkv
+    cache = KVCache(8, axes="bshd")
+    cache.append(k[:, :, :3].transpose(1, 2), v[:, :, :3].transpose(1, 2))
+    keys, values = cache.append(k[:, :, 3:].transpose(1, 2), v[:, :, 3:].transpose(1, 2))
+    torch.testing.assert_close(keys, k.transpose(1, 2))
+    torch.testing.assert_close(values, v.transpose(1, 2))
+    assert cache.keys.shape == (B, 4, 4, E)
+    with pytest.raises(ValueError, match=r"axes='bshd' names k as \(B, S, H, D\)"):
+        cache.append(k[0], v[0])
+    with pytest.raises(ValueError, match="not a cache with axes='bshd'"):
+        nn.TorchMultiHeadAttention(8, 2).double()(torch.randn(1, 1, 8, dtype=torch.float64), cache=cache)

@@ -104,6 +104,9 @@ def grouped_cases():
         case = {"scheme": scheme, "layout": layout, "causal": True, **full}
         case["k"], case["v"] = full["k"][:, :Hkv].clone(), full["v"][:, :Hkv].clone()
         cases.append(case)
+    for i, scheme in enumerate(("ring", "ulysses")):  # flash-attn's (B, n, H, E) shards, with n = H = 4
+        cases.append({"scheme": scheme, "layout": "contiguous", "causal": True, "axes": "bshd",
+                      **inputs(2, 4, 8, 8, 6, 70 + i)})
     return cases
 
 
