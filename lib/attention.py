@@ -43,12 +43,14 @@ from lib.backend import (
     _check_length,
     _compute_dtype,
     _exp_shifted_,
+    _from_axes,
     _is_bool,
     _is_tensor,
     _like_ops,
     _prepare,
     _safe_softmax_,
     _shape,
+    _to_axes,
     _torch_module,
     _TorchOps,
 )
@@ -115,21 +117,23 @@ def _full_attention(ops, q, k, v, mask, causal, scale, batch, L, S, weights):
     return e, ops.div_(e @ v, total)
 
 
-def attention_weights(q, k, mask=None, *, causal=False, scale=None):
+def attention_weights(q, k, mask=None, *, causal=False, scale=None, key_padding_mask=None):
     """The attention matrix softmax(q kᵀ · scale), shape (..., L, S); each row sums to 1 (chapter 2).
 
     q (..., L, E), k (..., S, E). ``mask``: boolean, True where a query may attend a key (the opposite of
     ``nn.MultiheadAttention``), or floating, added to the scores; broadcastable to (..., L, S). ``causal`` as in
     :func:`attention`: False (the default), True or ``"top-left"``, or ``"bottom-right"``. ``scale`` defaults
-    to 1/sqrt(E). A fully masked row is all zeros.
+    to 1/sqrt(E). ``key_padding_mask`` as in :func:`attention`. A fully masked row is all zeros.
     """
-    ops, q, k, _, mask, scale, out_dtype, batch, L, S = _prepare(q, k, None, mask, scale, need_v=False)
+    ops, q, k, _, mask, scale, out_dtype, batch, L, S = _prepare(q, k, None, mask, scale, need_v=False,
+                                                                 key_padding_mask=key_padding_mask)
     causal = _check_causal(causal, L, S)
     w, _ = _full_attention(ops, q, k, None, mask, causal, scale, batch, L, S, weights=True)
     return ops.astype(w, out_dtype)  # (..., L, S)
 
 
-def attention(q, k, v, mask=None, *, causal=False, scale=None, return_weights=False):
+def attention(q, k, v, mask=None, *, causal=False, scale=None, return_weights=False, key_padding_mask=None,
+              axes="bhsd"):
     """Scaled dot-product attention softmax(q kᵀ · scale) v, shape (..., L, Ev) (chapters 2 and 6).
 
     q (..., L, E), k (..., S, E), v (..., S, Ev); batch dims broadcast. ``mask``: boolean, True where a query
@@ -142,22 +146,36 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, return_weights=Fa
     ``scale`` defaults to 1/sqrt(E). A query with nothing to attend gets a zero output. With
     ``return_weights=True`` returns (output, weights).
 
+    ``key_padding_mask`` (B, S), one row per sequence, True or 1 on a real token and False or 0 on padding, as
+    Hugging Face's ``attention_mask``; it meets the scores (B, ..., L, S) on their first axis, whatever L is.
+    ``nn.MultiheadAttention``'s ``key_padding_mask`` (True = ignore) is passed as ``key_padding_mask=~m``. Both
+    masks apply. A floating ``mask`` of only 0 and 1 (``attention_mask.to(dtype)``) is refused, since adding it
+    masks nothing, and so is a 2-D boolean mask on scores whose batch B equals L, which could be (L, S) or (B, S).
+
+    ``axes`` names the layout of q, k, v and the output: ``"bhsd"`` (the default, (..., H, L, E) as SDPA) or
+    ``"bshd"`` (B, L, H, E) as flash-attn and a model's projections before the heads move forward; the weights
+    are (B, H, L, S) either way.
+
     float16 and bfloat16 on a CUDA GPU without a mask keep q, k, v and the weights in half precision: the matrix
     products run on the tensor cores, the scores are produced and softmaxed in float32, and the weights are
     rounded to half precision only for the product with v (see :func:`lib.speed.half_attention_on_gpu`).
     Elsewhere half precision is computed in float32.
     """
-    fast = speed.half_attention_on_gpu_applies(q, k, v, mask)
-    ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale, keep_half=fast)
+    named = _from_axes(axes, {"q": q, "k": k, "v": v})
+    q, k, v = named["q"], named["k"], named["v"]
+    fast = speed.half_attention_on_gpu_applies(q, k, v, mask) and key_padding_mask is None
+    ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale, keep_half=fast,
+                                                                 key_padding_mask=key_padding_mask)
     causal = _check_causal(causal, L, S)
     _check_flag(return_weights, "return_weights")
     if fast and S:
         out, w = speed.half_attention_on_gpu(q, k, v, causal, scale)
     else:
         w, out = _full_attention(ops, q, k, v, mask, causal, scale, batch, L, S, weights=return_weights)
+    out = _to_axes(axes, ops.astype(out, out_dtype))  # (..., L, Ev), or (B, L, H, Ev) for axes="bshd"
     if return_weights:
-        return ops.astype(out, out_dtype), ops.astype(w, out_dtype)  # (..., L, Ev), (..., L, S)
-    return ops.astype(out, out_dtype)  # (..., L, Ev)
+        return out, ops.astype(w, out_dtype)  # (..., L, S)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -165,14 +183,16 @@ def attention(q, k, v, mask=None, *, causal=False, scale=None, return_weights=Fa
 # --------------------------------------------------------------------------------------------------------------
 
 
-def attention_loop(q, k, v, mask=None, *, causal=False, scale=None):
+def attention_loop(q, k, v, mask=None, *, causal=False, scale=None, key_padding_mask=None):
     """Attention written token by token, with explicit loops over queries and keys (chapter 1).
 
-    Same arguments, mask polarity (True = may attend), ``causal`` alignments and result as :func:`attention`,
+    Same arguments, mask polarity (True = may attend), ``key_padding_mask``, ``causal`` alignments and result as
+    :func:`attention`,
     computed one dot product and one exponential at a time. It is slow on purpose: the reference a reader can
     follow line by line.
     """
-    ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale)
+    ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale,
+                                                                 key_padding_mask=key_padding_mask)
     causal = _check_causal(causal, L, S)
     q = ops.broadcast_to(q, batch + _shape(q)[-2:])
     k = ops.broadcast_to(k, batch + _shape(k)[-2:])

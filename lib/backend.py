@@ -254,6 +254,37 @@ def _as_float(ops, x, name):
     return x.to(ops.default_float())
 
 
+def _is_floating(ops, x):
+    if ops is _NUMPY:
+        return np.asarray(x).dtype.kind == "f"
+    return x.is_floating_point()
+
+
+def _same_float(ops, named):
+    """[(name, array)] as floating arrays of one dtype; mixed floating dtypes are refused, as SDPA refuses them.
+
+    Integers take the floating inputs' dtype (the backend's default float if none is floating). Promoting
+    float32 with float64 silently would teach code that ``scaled_dot_product_attention`` rejects."""
+    if ops is _NUMPY:
+        named = [(n, x if isinstance(x, np.ndarray) else _as_float(ops, x, n)) for n, x in named]
+    floats = [(n, x) for n, x in named if _is_floating(ops, x)]
+    for n, x in floats[1:]:
+        if x.dtype != floats[0][1].dtype:
+            first, dtype = floats[0][0], floats[0][1].dtype
+            raise TypeError(
+                f"{n} has dtype {x.dtype} but {first} has {dtype}: q, k and v must share one dtype, as "
+                f"scaled_dot_product_attention requires; cast with "
+                + (f"{n}.astype({first}.dtype)" if ops is _NUMPY else f"{n}.to({first}.dtype)")
+            )
+    out = []
+    for n, x in named:
+        x = _as_float(ops, x, n)
+        if floats and x.dtype != floats[0][1].dtype:  # an integer input, now in the default float
+            x = ops.astype(x, floats[0][1].dtype)
+        out.append(x)
+    return out
+
+
 def _result_dtype(ops, xs):
     if ops is _NUMPY:
         return np.result_type(*xs)
@@ -287,18 +318,19 @@ def _shape(x):
     return tuple(x.shape)
 
 
-def _prepare(q, k, v, mask, scale, *, need_v=True, keep_half=False):
+def _prepare(q, k, v, mask, scale, *, need_v=True, keep_half=False, key_padding_mask=None):
     """Validate q, k, v and mask; return (ops, q, k, v, mask, scale, out_dtype, batch, L, S) ready to compute.
 
     q, k, v come back in the compute dtype (with ``keep_half``, half precision stays half), batch dims not yet
-    broadcast; the mask comes back boolean or in the compute dtype, still at its own (broadcastable) shape.
+    broadcast; the mask comes back boolean or in the compute dtype, still at its own (broadcastable) shape, with
+    ``key_padding_mask`` (B, S) folded into it (see :func:`_key_padding`).
     """
-    named = {"q": q, "k": k, "v": v if need_v else None, "mask": mask}
+    named = {"q": q, "k": k, "v": v if need_v else None, "mask": mask, "key_padding_mask": key_padding_mask}
     for n in ("q", "k") + (("v",) if need_v else ()):
         if named[n] is None:
             raise TypeError(f"{n} is required, got None")
     ops = _backend(named)
-    arrays = [_as_float(ops, x, n) for n, x in zip(_NAMES, (q, k, v)) if x is not None]
+    arrays = _same_float(ops, [(n, x) for n, x in zip(_NAMES, (q, k, v)) if x is not None])
     for n, x in zip(_NAMES, arrays):
         if x.ndim < 2:
             dims = "(..., L, E)" if n == "q" else "(..., S, E)" if n == "k" else "(..., S, Ev)"
@@ -330,11 +362,55 @@ def _prepare(q, k, v, mask, scale, *, need_v=True, keep_half=False):
     if need_v:
         v = ops.astype(v, cdtype)
     if mask is not None:
-        mask = _check_mask(ops, mask, batch + (L, S), cdtype)
+        mask = _check_mask(ops, mask, batch + (L, S), cdtype, q_dtype=out_dtype)
+    if key_padding_mask is not None:
+        mask = _with_key_padding(ops, mask, _key_padding(ops, key_padding_mask, batch, S))
     return ops, q, k, v, mask, scale, out_dtype, batch, L, S
 
 
-def _check_mask(ops, mask, scores_shape, cdtype):
+KEY_PADDING_FIX = "pass it as key_padding_mask= (True or 1 = a real token), or as mask=m[:, None, None, :]"
+
+
+def _key_padding(ops, kpm, batch, S):
+    """A (B, S) key padding mask, True or 1 on real tokens (Hugging Face's ``attention_mask``), as a boolean mask
+    (B, 1, ..., 1, S) that meets the scores (B, ..., L, S) on their first axis: sequence b's tokens, every head
+    and query of sequence b. ``nn.MultiheadAttention``'s key_padding_mask (True = ignore) is ``~m``."""
+    if ops is _NUMPY:
+        kpm = np.asarray(kpm)
+        is_bool, kind = kpm.dtype.kind == "b", kpm.dtype.kind
+        numeric = kind in "iuf"
+    else:
+        is_bool = kpm.dtype == ops.torch.bool
+        numeric = not is_bool and not kpm.is_complex()
+    if not (is_bool or numeric):
+        raise TypeError(f"key_padding_mask has dtype {kpm.dtype}: pass booleans or 0/1, True or 1 = a real token")
+    if not batch:
+        raise ValueError(
+            f"key_padding_mask holds one row per sequence (B, S), but q has no batch axis: scores (L, S) = "
+            f"(..., {S}); give q a batch axis or pass a (S,) key mask as mask="
+        )
+    B = batch[0]
+    if kpm.ndim != 2 or _shape(kpm)[1] != S or _shape(kpm)[0] not in (1, B):
+        raise ValueError(
+            f"key_padding_mask must have shape (B, S) = ({B}, {S}), one row per sequence, got {_shape(kpm)}"
+        )
+    if not is_bool:
+        if bool(((kpm != 0) & (kpm != 1)).any()):
+            raise ValueError("key_padding_mask holds values other than 0 and 1: it says which keys are real tokens "
+                             "(1 or True) and which are padding (0 or False); an additive bias goes in mask=")
+        kpm = kpm != 0
+    return kpm.reshape(_shape(kpm)[:1] + (1,) * len(batch) + (S,))  # (B, 1, ..., 1, S)
+
+
+def _with_key_padding(ops, mask, allowed):
+    if mask is None:
+        return allowed
+    if _is_bool(ops, mask):
+        return mask & allowed
+    return ops.where(allowed, mask, -math.inf)
+
+
+def _check_mask(ops, mask, scores_shape, cdtype, q_dtype=None):
     if ops is _NUMPY:
         mask = np.asarray(mask)
         kind = mask.dtype.kind
@@ -352,11 +428,20 @@ def _check_mask(ops, mask, scores_shape, cdtype):
         fits = np.broadcast_shapes(mshape, scores_shape) == scores_shape
     except ValueError:
         fits = False
+    batch, (L, S) = scores_shape[:-2], scores_shape[-2:]
+    if fits and is_bool and len(mshape) == 2 and len(batch) >= 1 and batch[0] == L > 1 and mshape[0] == L:
+        raise ValueError(
+            f"a 2-D boolean mask of shape {mshape} is ambiguous on scores {scores_shape}, whose batch B={L} equals "
+            f"the query length L={L}: it would be read as (L, S), one row per query. If it is a (B, S) padding mask "
+            f"(one row per sequence), {KEY_PADDING_FIX}; if it is an (L, S) mask, pass mask=m[None] or causal="
+        )
     if not fits:
         hint = ""
         if len(mshape) > len(scores_shape) and len(mshape) >= 4 and mshape[-3:-1] == (1, 1):
             hint = (": a (B, 1, 1, S) padding mask is for split heads, scores (B, H, L, S); for scores (B, L, S) "
                     "build it with padding_mask(lengths, S, heads=False)")
+        elif len(mshape) == 2 and batch and mshape == (batch[0], S):
+            hint = f": a (B, S) padding mask, one row per sequence? {KEY_PADDING_FIX}"
         raise ValueError(
             f"mask of shape {mshape} does not broadcast to the scores' shape {scores_shape} "
             f"(..., L, S) with L={scores_shape[-2]}, S={scores_shape[-1]}{hint}"
@@ -365,11 +450,34 @@ def _check_mask(ops, mask, scores_shape, cdtype):
         mask = mask.reshape((1,) * (2 - mask.ndim) + mshape)
     if is_bool:
         return mask
-    mask = ops.astype(mask, cdtype)
+    if q_dtype is not None and _less_precise(ops, mask.dtype, q_dtype):
+        raise TypeError(
+            f"mask has dtype {mask.dtype} but q has {q_dtype}: a floating mask less precise than q is refused, as "
+            "scaled_dot_product_attention refuses it (its large negative fill is not a large negative in q's "
+            "dtype); build the mask in q's dtype, or pass a boolean mask (True = may attend)"
+        )
     bad = ops.isnan(mask) | (mask == math.inf)
     if bool(bad.any()):
         raise ValueError("a floating mask may hold finite values and -inf only; it holds NaN or +inf")
-    return mask
+    if mask.ndim and math.prod(mshape) and bool(((mask == 0) | (mask == 1)).all()) and bool((mask == 1).any()):
+        raise ValueError(
+            "a floating mask is added to the scores, and this one holds only 0 and 1, so it masks nothing; did you "
+            "mean `mask.bool()` (True = may attend) or `key_padding_mask=` (a (B, S) mask, 1 = a real token)?"
+        )
+    return ops.astype(mask, cdtype)
+
+
+def _less_precise(ops, mask_dtype, q_dtype):
+    """A floating mask of fewer mantissa bits than q's (float16 on float64); a more precise one (NumPy's float64
+    masks on float32 q) is rounded to q's dtype, where -inf stays -inf."""
+    if ops is _NUMPY:
+        if np.dtype(q_dtype).kind != "f":
+            return False
+        return np.finfo(mask_dtype).bits < np.finfo(q_dtype).bits or np.finfo(mask_dtype).eps > np.finfo(q_dtype).eps
+    torch = ops.torch
+    if not q_dtype.is_floating_point:
+        return False
+    return torch.finfo(mask_dtype).eps > torch.finfo(q_dtype).eps
 
 
 def _apply_mask(ops, scores, mask, allowed):
@@ -468,3 +576,37 @@ def _like_ops(like):
     if isinstance(like, np.ndarray):
         return _NUMPY
     raise TypeError(f"like must be a NumPy array or a torch tensor, got {type(like).__name__}")
+
+
+AXES = ("bhsd", "bshd")
+
+
+def _check_axes(axes):
+    """The named axis order of q, k, v and the output: ``"bhsd"`` (..., H, S, D), the library's and SDPA's, or
+    ``"bshd"`` (B, S, H, D), flash-attn's and a model's activations before the heads are moved forward."""
+    if not isinstance(axes, str) or axes not in AXES:
+        raise ValueError(f"axes must be 'bhsd' (batch, heads, tokens, size: the library's and SDPA's layout) or "
+                         f"'bshd' (batch, tokens, heads, size: flash-attn's), got {axes!r}")
+    return axes
+
+
+def _from_axes(axes, named):
+    """{name: tensor} in the layout ``axes`` names, each as (B, H, S, D); a tensor whose rank contradicts the
+    layout is refused. (B, S, H, D) has exactly four axes, so a 'bshd' tensor of any other rank is not one."""
+    if _check_axes(axes) == "bhsd":
+        return named
+    out = {}
+    for name, x in named.items():
+        if x is None:
+            out[name] = x
+            continue
+        shape = _shape(x)
+        if len(shape) != 4:
+            raise ValueError(f"axes='bshd' names {name} as (B, S, H, D), four axes, but {name} has shape {shape}")
+        out[name] = x.swapaxes(1, 2)  # (B, H, S, D)
+    return out
+
+
+def _to_axes(axes, x):
+    """A (B, H, L, D) result back in the caller's layout."""
+    return x if axes == "bhsd" else x.swapaxes(1, 2)

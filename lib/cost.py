@@ -7,6 +7,7 @@ so every figure they give is a prediction, and the chapters say so where they pr
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 
@@ -122,7 +123,7 @@ def choose_num_splits(programs: int, keys: int, sms: int, *, min_keys: int = 256
     return min(p for p, e in efficiency.items() if e >= tolerance * best)
 
 
-def decode_bytes(batch: int, kv_heads: int, keys: int, E: int, Ev: int, bytes_per_number: int) -> int:
+def decode_bytes(batch: int, kv_heads: int, keys: int, E: int, Ev: int, bytes_per_number: float) -> int:
     """Bytes of keys and values one decoding step must read from HBM at least: each cached key and value once.
 
     batch · kv_heads · keys · (E + Ev) · bytes_per_number. The queries and outputs (a few rows per head) are left
@@ -130,8 +131,8 @@ def decode_bytes(batch: int, kv_heads: int, keys: int, E: int, Ev: int, bytes_pe
     least time the step can take, a prediction; divided by a measured time, the bandwidth achieved.
     """
     batch, kv_heads, keys = _count("batch", batch), _count("kv_heads", kv_heads), _count("keys", keys, 0)
-    E, Ev, bytes_per_number = _count("E", E), _count("Ev", Ev), _count("bytes_per_number", bytes_per_number)
-    return batch * kv_heads * keys * (E + Ev) * bytes_per_number
+    E, Ev, bytes_per_number = _count("E", E), _count("Ev", Ev), _bytes_per_number(bytes_per_number)
+    return _whole(batch * kv_heads * keys * (E + Ev) * bytes_per_number)
 
 
 # Chapter 8: the ledger per score. A fused attention kernel spends, on each query-key pair (one score), tensor-core
@@ -272,6 +273,21 @@ def _count(name, n, low=1):
     return int(n)
 
 
+def _bytes_per_number(value):
+    """Bytes a stored number takes: 2 for float16, 4 for float32, and fractions for packed formats (0.5 for int4,
+    1.0625 for fp8 with one float16 scale per 32 numbers); any finite real above 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"bytes_per_number must be a number (2 for float16, 0.5 for int4), got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"bytes_per_number must be finite and above 0 (2 for float16, 0.5 for int4), got {value!r}")
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def _whole(nbytes):
+    """A byte count as an int where it is whole (every format with whole bytes), else as a float."""
+    return int(nbytes) if float(nbytes).is_integer() else nbytes
+
+
 def attended_pairs(L, S=None, *, causal=False):
     """How many (query, key) pairs are scored: L·S, or those a causal mask keeps (chapter 7).
 
@@ -325,7 +341,7 @@ def attention_bytes(L, S=None, E=64, Ev=None, *, heads=1, kv_heads=None, batch=1
     numbers_moved = heads * (L * E + L * Ev) + kv_heads * S * (E + Ev)
     if scores:
         numbers_moved += 4 * heads * L * S
-    return numbers_moved * _count("batch", batch) * _count("bytes_per_number", bytes_per_number)
+    return _whole(numbers_moved * _count("batch", batch) * _bytes_per_number(bytes_per_number))
 
 
 def intensity(flops, nbytes):
@@ -464,7 +480,7 @@ def decode_step(shape, context, *, batch=1, bytes_per_number=2):
     """
     shape = _model(shape, "shape")
     context, batch = _count("context", context, 0), _count("batch", batch)
-    bytes_per_number = _count("bytes_per_number", bytes_per_number)
+    bytes_per_number = _bytes_per_number(bytes_per_number)
     read_weights = _read_weights(shape)
     weight_bytes = read_weights * bytes_per_number
     cache_bytes = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, context, bytes_per_number, batch)
@@ -480,7 +496,7 @@ def decode_attention_intensity(n_heads, n_kv_heads, bytes_per_number=2):
     not raise it: every sequence reads its own cache.
     """
     n_heads, n_kv_heads = _count("n_heads", n_heads), _count("n_kv_heads", n_kv_heads)
-    return 2 * n_heads / (n_kv_heads * _count("bytes_per_number", bytes_per_number))
+    return 2 * n_heads / (n_kv_heads * _bytes_per_number(bytes_per_number))
 
 
 def decode_memory_bytes(shape, context, *, batch=1, bytes_per_number=2):
@@ -488,7 +504,7 @@ def decode_memory_bytes(shape, context, *, batch=1, bytes_per_number=2):
     ``context`` tokens (chapter 10). Activations, workspace and the framework's own reserve come on top."""
     shape = _model(shape, "shape")
     context, batch = _count("context", context, 0), _count("batch", batch)
-    bytes_per_number = _count("bytes_per_number", bytes_per_number)
+    bytes_per_number = _bytes_per_number(bytes_per_number)
     cache = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, context, bytes_per_number, batch)
     return shape.params * bytes_per_number + cache
 
@@ -504,7 +520,7 @@ def max_decode_batch(shape, device, context, *, bytes_per_number=2):
     even the weights and one cache do (chapter 10)."""
     shape, device = _model(shape, "shape"), _gpu(device, "device")
     context = _count("context", context, 0)
-    bytes_per_number = _count("bytes_per_number", bytes_per_number)
+    bytes_per_number = _bytes_per_number(bytes_per_number)
     room = device.hbm_bytes - shape.params * bytes_per_number
     per_sequence = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, context, bytes_per_number)
     if room < 0:
@@ -542,7 +558,7 @@ def cache_outweighs_weights(shape, *, batch=1, bytes_per_number=2):
     decode step reads (the layers and the output read-out, as :func:`decode_step` counts them): past it, the
     cache dominates every step's traffic."""
     shape = _model(shape, "shape")
-    per_token = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, 1, _count("bytes_per_number",
+    per_token = kv_cache_bytes(shape.n_layers, shape.n_kv_heads, shape.d_head, 1, _bytes_per_number(
                                bytes_per_number), _count("batch", batch))
     return _read_weights(shape) * bytes_per_number / per_token
 
@@ -550,17 +566,18 @@ def cache_outweighs_weights(shape, *, batch=1, bytes_per_number=2):
 def kv_cache_bytes(n_layers, n_kv_heads, d_head, n_tokens, bytes_per_number, batch=1):
     """Bytes of a model's KV cache: 2 (keys and values) · layers · kv heads · d_head · tokens · bytes · batch.
 
-    ``bytes_per_number`` is 2 for float16/bfloat16, 4 for float32. Grouped-query attention shrinks the cache by
+    ``bytes_per_number`` is 2 for float16/bfloat16, 4 for float32, 0.5 for int4 and fractions for formats with
+    scales (fp8 with a float16 scale per 32 numbers is 1.0625); the count is an int when it is whole. Grouped-query attention shrinks the cache by
     n_heads / n_kv_heads, since only the key/value heads are cached.
     """
-    sizes = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "d_head": d_head, "bytes_per_number": bytes_per_number,
-             "batch": batch}
+    sizes = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "d_head": d_head, "batch": batch}
     for name, n in {**sizes, "n_tokens": n_tokens}.items():
         if isinstance(n, bool) or not isinstance(n, numbers.Integral):
             raise TypeError(f"{name} must be an integer, got {type(n).__name__}")
         if n < (0 if name == "n_tokens" else 1):
             raise ValueError(f"{name} must be at least {0 if name == 'n_tokens' else 1}, got {n}")
-    return 2 * n_layers * n_kv_heads * d_head * n_tokens * bytes_per_number * batch
+    b = _bytes_per_number(bytes_per_number)
+    return _whole(2 * n_layers * n_kv_heads * d_head * n_tokens * b * batch)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -588,7 +605,7 @@ def mla_cache_bytes(n_layers, d_latent, d_rope, n_tokens, bytes_per_number, batc
     """
     n_layers, d_latent, d_rope = _count("n_layers", n_layers), _count("d_latent", d_latent), _count("d_rope", d_rope)
     n_tokens, batch = _count("n_tokens", n_tokens, 0), _count("batch", batch)
-    return n_layers * (d_latent + d_rope) * n_tokens * _count("bytes_per_number", bytes_per_number) * batch
+    return _whole(n_layers * (d_latent + d_rope) * n_tokens * _bytes_per_number(bytes_per_number) * batch)
 
 
 def windowed_cache_bytes(windows, n_kv_heads, d_head, n_tokens, bytes_per_number, batch=1):
@@ -605,9 +622,9 @@ def linear_state_bytes(n_layers, n_heads, d_head, d_v, bytes_per_number):
     """Bytes of a linear-attention model's recurrent state: per layer and head, a d_head × d_v matrix and a d_head
     normaliser, whatever the number of tokens."""
     sizes = [_count(n, v) for n, v in (("n_layers", n_layers), ("n_heads", n_heads), ("d_head", d_head),
-                                       ("d_v", d_v), ("bytes_per_number", bytes_per_number))]
-    n_layers, n_heads, d_head, d_v, b = sizes
-    return n_layers * n_heads * (d_head * d_v + d_head) * b
+                                       ("d_v", d_v))]
+    n_layers, n_heads, d_head, d_v = sizes
+    return _whole(n_layers * n_heads * (d_head * d_v + d_head) * _bytes_per_number(bytes_per_number))
 
 
 # Published configurations (each model's config.json on the Hugging Face Hub, and the papers cited in chapter 12).

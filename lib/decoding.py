@@ -23,7 +23,7 @@ import numbers
 import numpy as np
 
 from lib import modules
-from lib.backend import _NUMPY, _backend
+from lib.backend import _NUMPY, _backend, _check_axes, _from_axes, _to_axes
 
 __all__ = ["KVCache", "decode_step"]  # the cache's size in bytes is counted by lib.cost.kv_cache_bytes
 
@@ -44,9 +44,14 @@ class KVCache:
 
     Meant for inference: it refuses tensors that require grad, since its in-place writes would break their
     backward pass. Run the model under ``torch.no_grad()`` or ``torch.inference_mode()``.
+
+    ``axes="bshd"`` takes and returns flash-attn's cache layout, k (B, l, Hkv, E) and v (B, l, Hkv, Ev), and
+    ``keys``/``values`` (B, S, Hkv, ·), still views; an append of any other rank is refused. The modules and
+    :func:`decode_step` take the default ``"bhsd"`` cache.
     """
 
-    def __init__(self, capacity=None, *, static=False):
+    def __init__(self, capacity=None, *, static=False, axes="bhsd"):
+        self.axes = _check_axes(axes)
         if not isinstance(static, (bool, np.bool_)):
             raise TypeError(f"static must be True or False, got {type(static).__name__}")
         self.static = bool(static)
@@ -73,13 +78,14 @@ class KVCache:
 
     @property
     def keys(self):
-        """The cached keys, a (..., S, E) view; None before the first append."""
-        return None if self._k is None else self._k[..., : self._length, :]
+        """The cached keys, a (..., S, E) view ((B, S, Hkv, E) with ``axes="bshd"``); None before the first append."""
+        return None if self._k is None else _to_axes(self.axes, self._k[..., : self._length, :])
 
     @property
     def values(self):
-        """The cached values, a (..., S, Ev) view; None before the first append."""
-        return None if self._v is None else self._v[..., : self._length, :]
+        """The cached values, a (..., S, Ev) view ((B, S, Hkv, Ev) with ``axes="bshd"``); None before the first
+        append."""
+        return None if self._v is None else _to_axes(self.axes, self._v[..., : self._length, :])
 
     @property
     def nbytes(self):
@@ -104,6 +110,9 @@ class KVCache:
         ops = _backend({"k": k, "v": v})
         if ops is _NUMPY:
             k, v = np.asarray(k), np.asarray(v)
+        if self.axes != "bhsd":
+            named = _from_axes(self.axes, {"k": k, "v": v})  # (B, Hkv, l, ·): stored as the library's layout
+            k, v = named["k"], named["v"]
         for name, t in (("k", k), ("v", v)):
             if ops is not _NUMPY and t.requires_grad:
                 raise ValueError(

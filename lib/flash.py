@@ -35,7 +35,7 @@ except ModuleNotFoundError as err:
         "lib.flash and lib.flash_decode need Triton: `pip install triton` (CUDA builds of PyTorch, and Colab, "
         "ship it)", name="triton") from None
 
-from lib.backend import _check_causal, _check_scale
+from lib.backend import _check_axes, _check_causal, _check_scale, _from_axes, _to_axes
 
 __all__ = ["LADDER", "Variant", "flash_attention"]
 
@@ -985,7 +985,7 @@ def _check_variant(variant, deterministic):
 
 
 def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, deterministic=False, variant=None,
-                    return_lse=False, window=None):
+                    return_lse=False, window=None, axes="bhsd"):
     """FlashAttention-2 in Triton: softmax(q kᵀ · scale) v without the (..., L, S) matrix (chapter 9).
 
     q (..., L, E), k (..., S, E), v (..., S, Ev) torch tensors on a CUDA GPU, in float16, bfloat16 or float32,
@@ -1019,7 +1019,15 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
     ``window`` (with ``causal=True``) is a sliding window: query i sees keys i - window < j <= i, and key tiles
     wholly older than a query tile's window are skipped, so the work grows like L × window (chapter 12), in the
     backward pass too, where the query tiles a key tile's window never reaches are skipped.
+
+    ``axes="bshd"`` takes q, k, v as flash-attn's (B, L, H, E) and returns (B, L, H, Ev) (lse stays (B, H, L),
+    as flash-attn's ``softmax_lse``); the default ``"bhsd"`` is (..., H, L, E).
     """
+    if _check_axes(axes) == "bshd":
+        named = _from_axes(axes, {"q": q, "k": k, "v": v})
+        got = flash_attention(named["q"], named["k"], named["v"], mask, causal=causal, scale=scale,
+                              deterministic=deterministic, variant=variant, return_lse=return_lse, window=window)
+        return (_to_axes(axes, got[0]), got[1]) if return_lse else _to_axes(axes, got)
     batch, L, S, E, Ev = _check(q, k, v, mask)
     offset = _check_causal(causal, L, S)  # None, or the diagonal's offset: 0 is top-left
     if offset not in (None, 0):

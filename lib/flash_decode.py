@@ -43,7 +43,7 @@ except ModuleNotFoundError as err:
 
 from lib import cost
 from lib import flash as _flash
-from lib.backend import _check_scale
+from lib.backend import _check_axes, _check_scale, _from_axes, _to_axes
 from lib.cost import choose_num_splits
 
 __all__ = ["flash_decode", "flash_decode_paged", "flash_decode_partials", "split_count"]
@@ -471,7 +471,7 @@ def _check_seqlens(cache_seqlens, B, L, S, device):
     return torch.tensor(values, dtype=torch.int32, device=device)
 
 
-def flash_decode(q, k, v, *, cache_seqlens=None, num_splits=None, scale=None):
+def flash_decode(q, k, v, *, cache_seqlens=None, num_splits=None, scale=None, axes="bhsd"):
     """Attention of a few new queries to a long key cache, split over the keys (Flash-Decoding; chapter 11).
 
     q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev) torch tensors on a CUDA GPU in float16, bfloat16 or
@@ -491,8 +491,18 @@ def flash_decode(q, k, v, *, cache_seqlens=None, num_splits=None, scale=None):
     integer, a sequence of B integers or an integer (B,) tensor, each between L and S. Sequence b then holds its
     first ``cache_seqlens[b]`` rows of k and v, its L new queries are the last L of those tokens, and the rows
     past its length are never read. It is read per sequence, never paired with the heads.
+
+    ``axes="bshd"`` takes flash-attn's layout, q (B, L, H, E) and the cache k (B, S, Hkv, E), v (B, S, Hkv, Ev),
+    and returns (B, L, H, Ev); the kernels read it through its strides, with no copy. With the default
+    ``"bhsd"``, a flash-attn cache whose S equals Hkv would pass every shape check and be read along the wrong
+    axis: name the layout.
     """
     _check_tensors("flash_decode", {"q": q, "k": k, "v": v})
+    if _check_axes(axes) == "bshd":
+        named = _from_axes(axes, {"q": q, "k": k, "v": v})
+        out = flash_decode(named["q"], named["k"], named["v"], cache_seqlens=cache_seqlens, num_splits=num_splits,
+                           scale=scale)
+        return _to_axes(axes, out)
     B, _, L, _, S = _check_heads(q, k, v, "flash_decode")[:5]
     lens = _check_seqlens(cache_seqlens, B, L, S, q.device)
     out, scale, num_splits = _decode(q, k, v, num_splits, scale, "flash_decode")

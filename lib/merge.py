@@ -23,10 +23,13 @@ from lib.backend import (
     _apply_mask,
     _backend,
     _causal_pattern,
+    _check_axes,
     _check_causal,
     _compute_dtype,
+    _from_axes,
     _prepare,
     _shape,
+    _to_axes,
 )
 
 __all__ = ["attention_state", "merge_states"]
@@ -44,7 +47,7 @@ def _lse_dtype(ops, dtype):
     return _compute_dtype(ops, dtype)
 
 
-def attention_state(q, k, v, mask=None, *, causal=False, scale=None):
+def attention_state(q, k, v, mask=None, *, causal=False, scale=None, key_padding_mask=None, axes="bhsd"):
     """The attention state of q over the keys k, v: (out (..., L, Ev), lse (..., L)) (chapter 11).
 
     ``out`` is attention(q, k, v) over these keys alone, in the caller's dtype; ``lse`` is each row's natural-log
@@ -53,8 +56,13 @@ def attention_state(q, k, v, mask=None, *, causal=False, scale=None):
     treats as "no keys". ``mask``: boolean, True where a query may attend a key (as SDPA; the opposite of
     ``nn.MultiheadAttention``), or floating, added to the scores. ``causal`` as in :func:`lib.attention.attention`:
     True or ``"top-left"`` lets query i attend keys j <= i, ``"bottom-right"`` keys j <= i + S - L.
+    ``key_padding_mask`` (B, S), True or 1 on real tokens, as in :func:`lib.attention.attention`. ``axes="bshd"``
+    takes q, k, v as flash-attn's (B, L, H, E) and answers as flash-attn does: out (B, L, H, Ev), lse (B, H, L).
     """
-    ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale)
+    named = _from_axes(axes, {"q": q, "k": k, "v": v})
+    q, k, v = named["q"], named["k"], named["v"]
+    ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale,
+                                                                 key_padding_mask=key_padding_mask)
     causal = _check_causal(causal, L, S)  # None, or the offset of the causal diagonal
     scores = (q * scale) @ k.swapaxes(-1, -2)  # (..., L, S)
     allowed = None if causal is None else _causal_pattern(ops, range(L), range(S), q, causal)
@@ -71,10 +79,10 @@ def attention_state(q, k, v, mask=None, *, causal=False, scale=None):
     lse = ops.where(m[..., 0] == -math.inf, -math.inf, lse)
     out = ops.astype(ops.broadcast_to(out, batch + (L,) + _shape(v)[-1:]), out_dtype)
     lse = ops.astype(ops.broadcast_to(lse, batch + (L,)), _lse_dtype(ops, out_dtype))
-    return out, lse
+    return _to_axes(axes, out), lse  # out (..., L, Ev) or (B, L, H, Ev); lse (..., L), (B, H, L) either way
 
 
-def _check_states(states):
+def _check_states(states, axes="bhsd"):
     try:
         states = None if isinstance(states, (str, bytes)) else list(states)
     except TypeError:
@@ -102,6 +110,13 @@ def _check_states(states):
         if not (floating if floating is not None else np.dtype(x.dtype).kind == "f"):
             raise TypeError(f"{name} has dtype {x.dtype}; attention states are floating point (a weighted average "
                             "of integers would be truncated)")
+    if axes == "bshd":
+        for i, (out, lse) in enumerate(states):
+            o, s = _shape(out), _shape(lse)
+            if len(o) != 4 or s != (o[0], o[2], o[1]):
+                raise ValueError(f"state {i}: axes='bshd' names flash-attn's layout, out (B, L, H, Ev) and lse "
+                                 f"(B, H, L), but out has shape {o} and lse {s}")
+        states = [(out.swapaxes(1, 2), lse) for out, lse in states]  # out (B, H, L, Ev)
     out0 = states[0][0]
     for i, (out, lse) in enumerate(states):
         if _shape(out)[:-1] != _shape(lse):
@@ -113,7 +128,7 @@ def _check_states(states):
     return ops, states
 
 
-def merge_states(states):
+def merge_states(states, *, axes="bhsd"):
     """Merge attention states over disjoint sets of keys into the state over all of them (chapter 11).
 
     ``states`` is an iterable of pairs (out (..., L, Ev), lse (..., L)) as :func:`attention_state` returns; any
@@ -122,8 +137,12 @@ def merge_states(states):
     each out is weighted by exp(lse_i - lse), a weight in [0, 1]. A part with lse = -inf (no keys) gets weight 0;
     a row where no part had a key gets zeros and lse = -inf, never NaN. Half precision is merged in float32 and
     returned in its own dtype; out and lse come back in the dtypes of the first state's.
+
+    ``axes="bshd"`` takes and returns flash-attn's layout, out (B, L, H, Ev) with ``softmax_lse`` (B, H, L); a
+    pair whose shapes contradict it is refused. The default reads out (..., L, Ev) with lse (..., L): with
+    flash-attn's tensors and L = H that check passes and the merge runs along the wrong axis, so name the layout.
     """
-    ops, states = _check_states(states)
+    ops, states = _check_states(states, _check_axes(axes))
     outs = [s[0] for s in states]
     lses = [s[1] for s in states]
     out_dtype = outs[0].dtype
@@ -140,4 +159,4 @@ def merge_states(states):
     for w, o in zip(weights, outs):
         term = ops.astype(w, cdtype)[..., None] * ops.astype(o, cdtype)  # (..., L, Ev)
         out = term if out is None else out + term
-    return ops.astype(out, out_dtype), ops.astype(lse, lse_dtype)
+    return _to_axes(axes, ops.astype(out, out_dtype)), ops.astype(lse, lse_dtype)

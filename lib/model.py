@@ -106,17 +106,24 @@ class SelfAttention(TorchMultiHeadAttention):
     def _rotate(self, t, start):
         return apply_rope(t, offset=start, base=self.base)  # start: the position of the first new token
 
-    def forward(self, x, *, cache=None, return_weights=False):
-        """Output (B, L, D), and the weights (B, H, L, S) too with ``return_weights=True``."""
+    def forward(self, x, *, cache=None, return_weights=False, key_padding_mask=None, positions=None):
+        """Output (B, L, D), and the weights (B, H, L, S) too with ``return_weights=True``.
+
+        ``key_padding_mask`` (B, S), True on the real tokens among the S attended (the cache's and x's), keeps
+        padding out of every query's keys; ``positions`` (B, L), each token's position in its own sequence, turns
+        RoPE by those rather than by the index (a left-padded sequence starts at 0 after its padding)."""
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must be a tensor of shape (B, L, {self.d_model}), got {shape}")
         if cache is not None and not self.causal:
             raise ValueError("cache: only causal attention can decode with a cache")
-        rotate = self._rotate if self.rope else None
+        rotate = None
+        if self.rope:
+            rotate = self._rotate if positions is None else (lambda t, start: apply_rope(t, positions, base=self.base))
         if not self._ablated and self._recorded is None:
-            return super().forward(x, causal=self.causal, cache=cache, rotate=rotate, return_weights=return_weights)
-        return self._ablated_forward(x, cache, rotate, return_weights)
+            return super().forward(x, causal=self.causal, cache=cache, rotate=rotate, return_weights=return_weights,
+                                   key_padding_mask=key_padding_mask)
+        return self._ablated_forward(x, cache, rotate, return_weights, key_padding_mask)
 
     def _replacement(self, out):
         """What the ablated heads output instead: (1, H, 1, d) means or (B, H, L, d) resampled outputs."""
@@ -130,7 +137,7 @@ class SelfAttention(TorchMultiHeadAttention):
                              "call the model's fit_head_means(reference inputs) first")
         return self.head_means[None, :, None, :].to(out.dtype)
 
-    def _ablated_forward(self, x, cache, rotate, return_weights):
+    def _ablated_forward(self, x, cache, rotate, return_weights, key_padding_mask=None):
         """The same attention computed head by head, the ablated heads' outputs replaced (see the class)."""
         if self._ablated and self._source is not None and cache is not None:
             raise ValueError("cache: resample ablation replaces a head's output position by position; "
@@ -150,7 +157,9 @@ class SelfAttention(TorchMultiHeadAttention):
         if self.causal:
             allowed = attn.causal_mask(L, S, like=scores, align="bottom-right")  # (L, S)
             scores = scores.masked_fill(~allowed, -math.inf)
-        weights = scores.softmax(dim=-1)
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(~key_padding_mask.bool()[:, None, None, :], -math.inf)
+        weights = attn.softmax(scores, -1)  # a padding query with no real key gets zeros, never NaN
         out = weights @ v_all  # (B, H, L, d)
         if self._recorded is not None:
             self._recorded.append(out.detach())
@@ -320,9 +329,11 @@ class DecoderBlock(nn.Module):
         self.norm_mlp = nn.LayerNorm(d_model, device=device, dtype=dtype) if d_ff else None
         self.mlp = MLP(d_model, d_ff, device=device, dtype=dtype) if d_ff else None
 
-    def forward(self, x, *, cache=None, return_weights=False):
-        """x (B, L, D) -> (B, L, D), and the attention weights (B, H, L, S) with ``return_weights=True``."""
-        mixed = self.attention(self.norm_attention(x), cache=cache, return_weights=return_weights)
+    def forward(self, x, *, cache=None, return_weights=False, key_padding_mask=None, positions=None):
+        """x (B, L, D) -> (B, L, D), and the attention weights (B, H, L, S) with ``return_weights=True``;
+        ``key_padding_mask`` and ``positions`` as in :meth:`SelfAttention.forward`."""
+        mixed = self.attention(self.norm_attention(x), cache=cache, return_weights=return_weights,
+                               key_padding_mask=key_padding_mask, positions=positions)
         mixed, weights = mixed if return_weights else (mixed, None)
         x = x + mixed  # (B, L, D): the residual stream
         if self.mlp is not None:
@@ -336,6 +347,12 @@ class TinyLM(HeadAblation, nn.Module):
     Token embedding, ``n_layers`` :class:`DecoderBlock`, a final LayerNorm and a linear read-out to the
     vocabulary. Positions enter only through RoPE in every attention layer. With ``caches`` (one
     :class:`KVCache` per layer) only the new tokens are run, at positions after those cached.
+
+    ``attention_mask`` (B, S), as Hugging Face's: 1 (or True) on a real token and 0 on padding, for every token
+    so far (the cached ones and ``tokens``). Ragged prompts padded on the left then give each sequence the logits
+    it gets alone: no query attends padding, and each token's RoPE position counts only the real tokens before
+    it (Hugging Face's ``position_ids = attention_mask.cumsum(-1) - 1``). Padding positions' own logits are
+    meaningless.
     """
 
     def __init__(self, vocab, d_model, n_layers, n_heads, n_kv_heads=None, *, d_ff=None, rope=True,
@@ -360,21 +377,42 @@ class TinyLM(HeadAblation, nn.Module):
         """One empty :class:`KVCache` per layer, room for ``capacity`` tokens (the first append sizes it)."""
         return [KVCache(capacity) for _ in self.blocks]
 
-    def forward(self, tokens, *, caches=None, return_weights=False):
+    def forward(self, tokens, *, caches=None, return_weights=False, attention_mask=None):
         """Logits (B, L, V); with ``return_weights=True`` also a list of each layer's weights (B, H, L, S)."""
         _check_tokens("tokens", tokens, self.vocab)
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"the model has {len(self.blocks)} layers but {len(caches)} caches were given: one each")
+        keys, positions = _padding(tokens, caches, attention_mask)
         x = self.embed(tokens)  # (B, L, D)
         maps = []
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
-            x = block(x, cache=cache, return_weights=return_weights)
+            x = block(x, cache=cache, return_weights=return_weights, key_padding_mask=keys, positions=positions)
             if return_weights:
                 x, weights = x
                 maps.append(weights)
         logits = self.unembed(self.norm(x))  # (B, L, V)
         return (logits, maps) if return_weights else logits
+
+
+def _padding(tokens, caches, attention_mask):
+    """(key padding mask (B, S) bool, positions (B, L)) from Hugging Face's attention_mask, or (None, None)."""
+    if attention_mask is None:
+        return None, None
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch tensor (B, S) of 0 and 1, got {type(attention_mask).__name__}")
+    B, L = tokens.shape
+    cached = 0 if caches is None else len(caches[0])
+    S = cached + L
+    if attention_mask.shape != (B, S):
+        raise ValueError(f"attention_mask must have shape (B, S) = ({B}, {S}): one entry for each of the {cached} "
+                         f"cached and {L} new tokens of every sequence, got {tuple(attention_mask.shape)}")
+    if attention_mask.is_floating_point() or attention_mask.is_complex() or \
+            bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+        raise ValueError("attention_mask must hold 0 (padding) and 1 (a real token), as integers or booleans")
+    keys = attention_mask.to(tokens.device).bool()
+    positions = (keys.long().cumsum(-1) - 1).clamp(min=0)[:, cached:]  # (B, L): real tokens before each, HF's rule
+    return keys, positions
 
 
 class TwoCopies(HeadAblation, nn.Module):
@@ -417,7 +455,7 @@ class TwoCopies(HeadAblation, nn.Module):
 
 
 @torch.no_grad()
-def generate(model, prompt, n_new, *, use_cache=True, temperature=0.0, generator=None):
+def generate(model, prompt, n_new, *, use_cache=True, temperature=0.0, generator=None, attention_mask=None):
     """Extend ``prompt`` (B, P) by ``n_new`` tokens; return the tokens (B, P + n_new) and each step's logits.
 
     The logits are a list of ``n_new`` tensors (B, V), step t's prediction of token P + t. With ``use_cache`` the
@@ -425,6 +463,8 @@ def generate(model, prompt, n_new, *, use_cache=True, temperature=0.0, generator
     without, every step runs the whole sequence again. Both give the same logits. ``temperature=0`` picks the
     most likely token (greedy); above 0 it samples from softmax(logits / temperature) with ``generator`` (a
     temperature too small to divide by gives the greedy choice). Heads the model has ablated stay ablated.
+    ``attention_mask`` (B, P), 1 on the prompt's real tokens and 0 on its padding, as Hugging Face's, runs
+    ragged prompts padded on the left: each sequence then gets the tokens and logits it gets alone.
     """
     _check_tokens("prompt", prompt, model.vocab)
     if prompt.shape[1] < 1:
@@ -437,8 +477,12 @@ def generate(model, prompt, n_new, *, use_cache=True, temperature=0.0, generator
     tokens, steps = prompt, []
     caches = model.new_caches(prompt.shape[1] + n_new) if use_cache else None
     new = prompt
-    for _ in range(n_new):
-        logits = model(new if use_cache else tokens, caches=caches)[:, -1]  # (B, V): the prediction of the next
+    mask = attention_mask
+    for step in range(n_new):
+        if mask is not None and step:
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)  # each new token is real
+        kw = {} if mask is None else {"attention_mask": mask}
+        logits = model(new if use_cache else tokens, caches=caches, **kw)[:, -1]  # (B, V): the next's prediction
         steps.append(logits)
         if temperature == 0:
             nxt = logits.argmax(dim=-1, keepdim=True)  # (B, 1)

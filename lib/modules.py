@@ -58,6 +58,8 @@ from lib.backend import (
     _check_mask,
     _compute_dtype,
     _is_tensor,
+    _key_padding,
+    _with_key_padding,
 )
 
 __all__ = [
@@ -260,7 +262,7 @@ def _check_heads_input(q, k, v):
     return H, L, Hkv, S
 
 
-def _heads_mask(ops, mask, causal, batch, H, L, S, like):
+def _heads_mask(ops, mask, causal, batch, H, L, S, like, key_padding_mask=None):
     """The mask the heads apply, (..., 1 or H, L, S), or None: the caller's, checked, and the causal pattern.
 
     ``mask`` is shared by every head when it has at most len(batch) + 2 dimensions, (..., L, S), and per head
@@ -268,6 +270,14 @@ def _heads_mask(ops, mask, causal, batch, H, L, S, like):
     (:func:`lib.backend._check_causal`): key j is allowed for query i when j <= i + causal."""
     if mask is not None:
         mask = _check_heads_mask(ops, mask, tuple(batch), H, L, S, like)
+    if key_padding_mask is not None:  # (B, S), True or 1 on a real token: (B, 1, ..., 1, S) against the heads
+        if ops is _NUMPY:
+            key_padding_mask = np.asarray(key_padding_mask)
+        elif not _is_tensor(key_padding_mask):
+            raise TypeError(f"key_padding_mask must be a torch.Tensor like x, got {type(key_padding_mask).__name__}")
+        else:
+            key_padding_mask = key_padding_mask.to(like.device)
+        mask = _with_key_padding(ops, mask, _key_padding(ops, key_padding_mask, tuple(batch) + (H,), S))
     if causal is None:
         return mask
     allowed = _causal_pattern(ops, range(L), range(S), like, causal)[None]  # (1, L, S)
@@ -331,7 +341,7 @@ def _grouped(q, k, v, mask, return_weights, dropout=None):
     return out, weights.reshape(*weights.shape[:-4], H, L, S)  # (..., H, L, S)
 
 
-def grouped_attention(q, k, v, mask=None, *, causal=False, return_weights=False):
+def grouped_attention(q, k, v, mask=None, *, causal=False, return_weights=False, key_padding_mask=None):
     """Attention of H query heads on Hkv key/value heads, Hkv dividing H: output (..., H, L, Ev) (chapter 10).
 
     q (..., H, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev), NumPy or torch. Query head i reads key/value head
@@ -342,7 +352,9 @@ def grouped_attention(q, k, v, mask=None, *, causal=False, return_weights=False)
     (..., 1 or H, L, S) is per head. ``causal``: False (the default); True or ``"top-left"``, query i may attend
     keys j <= i, as ``is_causal=True``; or ``"bottom-right"``, the L queries are the last L of the S tokens and
     query i may attend keys j <= S - L + i, what new queries need when the first keys come from a cache (it needs
-    L <= S). With ``return_weights=True`` returns (output, weights (..., H, L, S)).
+    L <= S). ``key_padding_mask`` (B, S), True or 1 on real tokens (Hugging Face's ``attention_mask``; pass
+    ``~m`` for ``nn.MultiheadAttention``'s), is read per sequence. With ``return_weights=True`` returns (output,
+    weights (..., H, L, S)).
     """
     ops = _backend({"q": q, "k": k, "v": v, "mask": mask})
     if ops is _NUMPY:
@@ -355,7 +367,7 @@ def grouped_attention(q, k, v, mask=None, *, causal=False, return_weights=False)
             f"the batch dimensions do not broadcast: q {tuple(q.shape[:-3])}, k {tuple(k.shape[:-3])}, "
             f"v {tuple(v.shape[:-3])}"
         ) from None
-    mask = _heads_mask(ops, mask, _check_causal(causal, L, S), batch, H, L, S, q)
+    mask = _heads_mask(ops, mask, _check_causal(causal, L, S), batch, H, L, S, q, key_padding_mask)
     return _grouped(q, k, v, mask, return_weights)
 
 
@@ -378,6 +390,9 @@ def _heads_to_attend(module, x, context, cache, check_context, rotate):
     q = split_heads(x @ module.w_q, module.n_heads)  # (..., H, L, d)
     if cache is not None and not all(hasattr(cache, a) for a in ("append", "static", "__len__")):  # a KVCache
         raise TypeError(f"cache must be a lib.decoding.KVCache or None, got {type(cache).__name__}")
+    if cache is not None and getattr(cache, "axes", "bhsd") != "bhsd":
+        raise ValueError(f"the modules store split heads (..., Hkv, S, d): pass KVCache(capacity), not a cache with "
+                         f"axes={cache.axes!r}")
     if rotate is not None and not callable(rotate):
         raise TypeError(f"rotate must be a function rotate(t, start) or None, got {type(rotate).__name__}")
     static = cache is not None and cache.static
@@ -456,17 +471,18 @@ class SelfAttention:
         """How many numbers the module learns."""
         return sum(w.size for w in self.state_dict().values())
 
-    def __call__(self, x, mask=None, *, causal=False, return_weights=False):
+    def __call__(self, x, mask=None, *, causal=False, return_weights=False, key_padding_mask=None):
         """Attend: output (..., L, Do), and the weights (..., L, L) too with ``return_weights=True``.
 
-        ``mask`` and ``causal`` are passed to :func:`lib.attention.attention` (boolean True = may attend;
-        ``causal`` False, True or ``"top-left"``, or ``"bottom-right"``, which agree here since L = S).
+        ``mask``, ``key_padding_mask`` and ``causal`` are passed to :func:`lib.attention.attention` (boolean True =
+        may attend; ``causal`` False, True or ``"top-left"``, or ``"bottom-right"``, which agree here since L = S).
         """
         x = _numpy_input(x, "SelfAttention", "TorchSelfAttention")
         _check_input(x, self.d_model)
         q, k, v = x @ self.w_q, x @ self.w_k, x @ self.w_v  # (..., L, E), (..., L, E), (..., L, Ev)
         # without weights the library takes its cheaper path, so the output is exactly attn.attention's
-        out = attn.attention(q, k, v, mask, causal=causal, return_weights=return_weights)  # (..., L, Ev)
+        out = attn.attention(q, k, v, mask, causal=causal, return_weights=return_weights,
+                             key_padding_mask=key_padding_mask)  # (..., L, Ev)
         out, weights = out if return_weights else (out, None)
         if self.w_o is not None:
             out = out @ self.w_o  # (..., L, Do)
@@ -506,7 +522,8 @@ class MultiHeadAttention:
         """How many numbers the module learns."""
         return sum(w.size for w in self.state_dict().values())
 
-    def __call__(self, x, mask=None, *, context=None, causal=False, cache=None, rotate=None, return_weights=False):
+    def __call__(self, x, mask=None, *, context=None, causal=False, cache=None, rotate=None, return_weights=False,
+                 key_padding_mask=None):
         """Attend: output (..., L, D), and the weights (..., H, L, S) too with ``return_weights=True``.
 
         Self-attention by default; ``context`` (..., S, D), with x's batch dimensions, supplies the keys and values
@@ -521,6 +538,8 @@ class MultiHeadAttention:
         the first call and serves them to every later one. ``rotate(t, start)``, for self-attention, turns the
         queries (..., H, L, d) and the new keys (..., Hkv, L, d), whose first token is at position ``start`` (the
         cache's length, else 0), before the keys are cached: where rotary position embeddings plug in.
+        ``key_padding_mask`` (B, S), True or 1 on a real key (Hugging Face's ``attention_mask``), is read per
+        sequence; ``nn.MultiheadAttention``'s (True = ignore) is passed as ``~m``.
         """
         x = _numpy_input(x, "MultiHeadAttention", "TorchMultiHeadAttention")
         _check_input(x, self.d_model)
@@ -528,7 +547,7 @@ class MultiHeadAttention:
         q, k, v, follows_cache = _heads_to_attend(self, x, context, cache, check, rotate)  # q (..., H, L, d)
         L, S = q.shape[-2], k.shape[-2]
         causal = _check_causal(causal, L, S, true="bottom-right" if follows_cache else "top-left")
-        mask = _heads_mask(_NUMPY, mask, causal, x.shape[:-2], self.n_heads, L, S, q)
+        mask = _heads_mask(_NUMPY, mask, causal, x.shape[:-2], self.n_heads, L, S, q, key_padding_mask)
         out = _grouped(q, k, v, mask, return_weights)  # (..., H, L, d)
         out, weights = out if return_weights else (out, None)
         out = merge_heads(out) @ self.w_o  # (..., L, D)

@@ -102,10 +102,10 @@ class TorchSelfAttention(nn.Module):
         """How many numbers the module learns."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, x, mask=None, *, causal=False, return_weights=False):
+    def forward(self, x, mask=None, *, causal=False, return_weights=False, key_padding_mask=None):
         """Attend: output (..., L, Do), and the weights (..., L, L) too with ``return_weights=True``.
 
-        ``mask`` and ``causal`` are passed to :mod:`lib.attention` (boolean True = may attend; ``causal`` False,
+        ``mask``, ``key_padding_mask`` (B, S), True or 1 on real tokens, and ``causal`` are passed to :mod:`lib.attention` (boolean True = may attend; ``causal`` False,
         True or ``"top-left"``, or ``"bottom-right"``, which agree here since L = S). While training with
         ``dropout > 0`` the weights are dropped out before they mix the values, and the returned weights are the
         dropped-out ones.
@@ -116,11 +116,12 @@ class TorchSelfAttention(nn.Module):
         _check_flag(return_weights, "return_weights")
         q, k, v = x @ self.w_q, x @ self.w_k, x @ self.w_v  # (..., L, E), (..., L, E), (..., L, Ev)
         if self.training and self.dropout > 0:
-            weights = attn.attention_weights(q, k, mask, causal=causal)  # (..., L, L)
+            weights = attn.attention_weights(q, k, mask, causal=causal, key_padding_mask=key_padding_mask)
             weights = nn.functional.dropout(weights, self.dropout, training=True)
             out = weights @ v  # (..., L, Ev)
         else:
-            out = attn.attention(q, k, v, mask, causal=causal, return_weights=return_weights)  # (..., L, Ev)
+            out = attn.attention(q, k, v, mask, causal=causal, return_weights=return_weights,
+                                 key_padding_mask=key_padding_mask)  # (..., L, Ev)
             out, weights = out if return_weights else (out, None)
         if self.w_o is not None:
             out = out @ self.w_o  # (..., L, Do)
@@ -154,7 +155,8 @@ class TorchMultiHeadAttention(nn.Module):
         """How many numbers the module learns."""
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, x, mask=None, *, context=None, causal=False, cache=None, rotate=None, return_weights=False):
+    def forward(self, x, mask=None, *, context=None, causal=False, cache=None, rotate=None, return_weights=False,
+                key_padding_mask=None):
         """Attend: output (..., L, D), and the weights (..., H, L, S) too with ``return_weights=True``.
 
         Arguments as :meth:`lib.modules.MultiHeadAttention.__call__`: ``mask`` (boolean True = may attend, or
@@ -164,6 +166,8 @@ class TorchMultiHeadAttention(nn.Module):
         of self-attention by position (rotary embeddings) before the keys are cached. Without ``return_weights``
         the attention is ``scaled_dot_product_attention``; the weights, which it never returns, come from
         :func:`lib.modules.grouped_attention`'s arithmetic, dropped out while training like the output they mix.
+        ``key_padding_mask`` (B, S), True or 1 on a real key (Hugging Face's ``attention_mask``; ``~m`` for
+        ``nn.MultiheadAttention``'s), is read per sequence, whatever L and the number of heads are.
         """
         _check_torch_input(x, self.w_q, "x", "MultiHeadAttention")
         _check_input(x, self.d_model)
@@ -180,10 +184,11 @@ class TorchMultiHeadAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         if return_weights:
             drop = None if p == 0 else (lambda w: nn.functional.dropout(w, p, training=True))
-            full_mask = _heads_mask(_OPS, mask, offset, x.shape[:-2], self.n_heads, L, S, q)
+            full_mask = _heads_mask(_OPS, mask, offset, x.shape[:-2], self.n_heads, L, S, q, key_padding_mask)
             out, weights = _grouped(q, k, v, full_mask, True, drop)  # (..., H, L, d), (..., H, L, S)
         else:
-            mask = _heads_mask(_OPS, mask, None, x.shape[:-2], self.n_heads, L, S, q)  # the caller's alone
+            mask = _heads_mask(_OPS, mask, None, x.shape[:-2], self.n_heads, L, S, q,
+                               key_padding_mask)  # the caller's alone
             out, weights = _sdpa(q, k, v, mask, offset, p), None  # (..., H, L, d)
         out = merge_heads(out) @ self.w_o  # (..., L, D)
         return (out, weights) if return_weights else out

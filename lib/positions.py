@@ -47,17 +47,28 @@ def rope_frequencies(size, base=10000.0):
     return base ** (-np.arange(0, size, 2, dtype=np.float64) / size)  # (size/2,)
 
 
-def apply_rope(x, positions=None, *, offset=0, base=10000.0):
+PAIRS = ("interleaved", "half")
+
+
+def apply_rope(x, positions=None, *, offset=0, base=10000.0, pairs="interleaved"):
     """x (..., L, E) with coordinate pairs (2i, 2i+1) of row l rotated by positions[l]·θ_i (chapter 10).
 
     ``positions`` is (L,), or (B, L) with one row per sequence as Hugging Face's ``position_ids`` (against split
     heads x (B, H, L, E) row b turns every head of sequence b); it defaults to offset, offset + 1, ...,
     offset + L - 1; decoding with a cache passes
-    ``offset=len(cache)``, the new tokens' place after those already cached. The pairs are adjacent coordinates,
-    as in the RoPE paper; some codebases pair coordinate i with i + E/2 instead, which is the same rotation after
-    a fixed permutation of the columns of W_Q and W_K. NumPy or torch, dtype kept (the angles are computed in
-    float64 and rounded once).
+    ``offset=len(cache)``, the new tokens' place after those already cached. NumPy or torch, dtype kept (the
+    angles are computed in float64 and rounded once).
+
+    ``pairs`` names which coordinates turn together, and a checkpoint fixes it: ``"interleaved"`` (the default)
+    pairs adjacent coordinates (2i, 2i+1), as the RoPE paper and Meta's reference Llama code; ``"half"`` pairs
+    coordinate i with i + E/2, as Hugging Face's ``rotate_half`` in ``apply_rotary_pos_emb``, which every Llama,
+    Mistral or Qwen checkpoint on the Hub expects (their W_Q and W_K rows were permuted for it). The two are the
+    same rotation after a fixed permutation of W_Q's and W_K's columns, so a model trained with either is right
+    with that one alone; the other gives wrong scores and no error.
     """
+    if pairs not in PAIRS:
+        raise ValueError(f"pairs must be 'interleaved' (adjacent coordinates, the RoPE paper and Meta's code) or "
+                         f"'half' (i with i + E/2, Hugging Face's rotate_half), got {pairs!r}")
     tensor = _is_tensor(x)
     if not tensor:
         x = np.asarray(x)
@@ -90,11 +101,17 @@ def apply_rope(x, positions=None, *, offset=0, base=10000.0):
         angles = pos[..., :, None] * theta  # (..., L, E/2), float64 on the CPU (MPS has no float64)
         cos = torch.from_numpy(np.cos(angles)).to(x.dtype).to(x.device)
         sin = torch.from_numpy(np.sin(angles)).to(x.dtype).to(x.device)
+        if pairs == "half":
+            first, second = x[..., : E // 2], x[..., E // 2 :]  # (..., L, E/2) each: coordinates i and i + E/2
+            return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)  # (..., L, E)
         even, odd = x[..., 0::2], x[..., 1::2]  # (..., L, E/2) each: the two coordinates of every pair
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)  # (..., L, E)
     angles = pos[..., :, None] * theta  # (..., L, E/2)
     cos, sin = np.cos(angles), np.sin(angles)
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    if pairs == "half":
+        first, second = x[..., : E // 2], x[..., E // 2 :]
+        return np.concatenate((first * cos - second * sin, second * cos + first * sin), axis=-1)  # (..., L, E)
     even, odd = x[..., 0::2], x[..., 1::2]
     rotated = np.stack((even * cos - odd * sin, even * sin + odd * cos), axis=-1)  # (..., L, E/2, 2)
     return rotated.reshape(*rotated.shape[:-2], E)  # (..., L, E)

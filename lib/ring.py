@@ -37,6 +37,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from lib.backend import _check_axes, _from_axes, _to_axes
 from lib.merge import attention_state, merge_states
 
 __all__ = [
@@ -178,8 +179,13 @@ def _check_local(q, k, v, causal, what):
             f"q, k and v must hold the same tokens of one sequence: they have {q.shape[-2]}, {k.shape[-2]} and "
             f"{v.shape[-2]} rows"
         )
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(f"q, k and v must have the same batch dims, got {tuple(q.shape)}, {tuple(k.shape)}, "
+    if k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"k and v must have the same batch dims (..., Hkv), got {tuple(k.shape)}, {tuple(v.shape)}")
+    grouped = q.ndim >= 3 and q.ndim == k.ndim and q.shape[:-3] == k.shape[:-3] and k.shape[-3] > 0 \
+        and q.shape[-3] % k.shape[-3] == 0
+    if q.shape[:-2] != k.shape[:-2] and not grouped:
+        raise ValueError(f"q, k and v must have the same batch dims, or q (..., H, n, E) with k and v (..., Hkv, n, "
+                         f"E) where Hkv divides H (grouped-query heads); got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
@@ -474,6 +480,12 @@ def _block_state(q, kb, vb, qruns, kruns, causal, scale):
     return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)  # (..., n, Ev), (..., n)
 
 
+def _sum_to(x, shape):
+    """x summed over the axes where ``shape`` has 1 and x does not: a broadcast key/value head's gradient."""
+    axes = [i for i, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1]
+    return x.sum(dim=axes, keepdim=True) if axes else x
+
+
 def _block_grads(q, kb, vb, out_lse, dout, D, qruns, kruns, causal, scale):
     """This rank's queries' contributions (dq, dk, dv) from one key/value block, recomputing its probabilities."""
     _, lse = out_lse
@@ -486,10 +498,10 @@ def _block_grads(q, kb, vb, out_lse, dout, D, qruns, kruns, causal, scale):
         row = lse[..., qs]
         row = torch.where(row == -math.inf, 0.0, row)  # a row with no key: its scores are all -inf, p = 0
         p = torch.exp(s - row[..., None])  # (..., lq, lk), the final attention weights of this pair
-        dv[..., ks, :] += p.transpose(-1, -2) @ dout[..., qs, :]
+        dv[..., ks, :] += _sum_to(p.transpose(-1, -2) @ dout[..., qs, :], dv.shape)
         ds = p * (dout[..., qs, :] @ vi.transpose(-1, -2) - D[..., qs, None])  # (..., lq, lk)
         dq[..., qs, :] += (ds @ ki) * scale
-        dk[..., ks, :] += (ds.transpose(-1, -2) @ qi) * scale
+        dk[..., ks, :] += _sum_to((ds.transpose(-1, -2) @ qi) * scale, dk.shape)
     return dq, dk, dv
 
 
@@ -556,11 +568,15 @@ def _compute_dtype(dtype):
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def ring_attention(q, k, v, *, causal=False, layout="contiguous", scale=None, group=None, return_lse=False):
+def ring_attention(q, k, v, *, causal=False, layout="contiguous", scale=None, group=None, return_lse=False,
+                   axes="bhsd"):
     """Attention of this rank's queries over the keys of every rank, passing key/value blocks round a ring.
 
     Call it on every rank of ``group`` (default: the whole world), each with its shard q (..., n, E), k (..., n, E),
-    v (..., n, Ev) of one sequence split in ``layout`` ("contiguous" or "zigzag", see :func:`shard`). Returns this
+    v (..., n, Ev) of one sequence split in ``layout`` ("contiguous" or "zigzag", see :func:`shard`). With
+    grouped-query heads, q (..., H, n, E) and k, v (..., Hkv, n, E), Hkv dividing H: only the Hkv key/value heads
+    travel round the ring (the bytes :func:`sent_bytes_per_rank` counts with ``batch_kv_heads``), and query head
+    h reads key/value head h // (H / Hkv), as SDPA's ``enable_gqa``. Returns this
     rank's output rows (..., n, Ev) in the caller's dtype (half precision computed in float32). ``causal=True``
     masks by global position (key j <= query i), and block pairs wholly in the future are skipped, not computed.
     Differentiable: the backward pass is a second ring that returns each block's key/value gradients to its owner;
@@ -570,9 +586,15 @@ def ring_attention(q, k, v, *, causal=False, layout="contiguous", scale=None, gr
     :mod:`lib.merge`, differentiable too.
     Raises RuntimeError without a process group or on a rank outside ``group``; ValueError, on every rank, when the
     ranks' shards differ in shape or dtype, the layout cannot split them, or the ranks pass different ``causal``,
-    ``layout`` or ``scale``.
+    ``layout`` or ``scale``. ``axes="bshd"`` takes and returns flash-attn's (B, n, H, E) shards (lse stays
+    (B, H, n)); ``layout`` is how the sequence is split over the ranks, ``axes`` the order of a shard's axes.
     """
     rank, P = _group_rank_size(group, "ring_attention")
+    if _check_axes(axes) == "bshd":
+        named = _from_axes(axes, {"q": q, "k": k, "v": v})
+        got = ring_attention(named["q"], named["k"], named["v"], causal=causal, layout=layout, scale=scale,
+                             group=group, return_lse=return_lse)
+        return (_to_axes(axes, got[0]), got[1]) if return_lse else _to_axes(axes, got)
 
     def even(q, k, v):
         _check_layout(layout)
@@ -587,9 +609,14 @@ def ring_attention(q, k, v, *, causal=False, layout="contiguous", scale=None, gr
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     cdtype = _compute_dtype(q.dtype)
+    dtype, grouped = q.dtype, q.shape[:-2] != k.shape[:-2]
+    if grouped:  # (..., Hkv, G, n, E) against (..., Hkv, 1, n, E): the group broadcasts, nothing is copied or sent
+        q, k, v = q.unflatten(-3, (k.shape[-3], -1)), k.unsqueeze(-3), v.unsqueeze(-3)
     out, lse = _RingAttention.apply(q.to(cdtype), k.to(cdtype), v.to(cdtype), causal, layout, float(scale), group,
                                     rank, P)
-    return (out.to(q.dtype), lse) if return_lse else out.to(q.dtype)
+    if grouped:
+        out, lse = out.flatten(-4, -3), lse.flatten(-3, -2)  # (..., H, n, Ev), (..., H, n)
+    return (out.to(dtype), lse) if return_lse else out.to(dtype)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -646,15 +673,21 @@ class _HeadsToSeq(torch.autograd.Function):
         return _seq_to_heads(grad, *ctx.setup), None, None
 
 
-def ulysses_attention(q, k, v, *, causal=False, scale=None, group=None):
+def ulysses_attention(q, k, v, *, causal=False, scale=None, group=None, axes="bhsd"):
     """Attention over the whole sequence by re-sharding heads with two all-to-alls ("Ulysses", chapter 11).
 
-    q (..., H, n, E), k (..., H, n, E), v (..., H, n, Ev): this rank's contiguous shard of the sequence for all H
-    heads, H a multiple of the group's size P. An all-to-all gives each rank all N tokens of H/P heads, it runs
-    ordinary attention on them, and a second all-to-all returns its output rows (..., H, n, Ev). Differentiable
-    (the all-to-all's backward is the inverse all-to-all). Errors as for :func:`ring_attention`.
+    q (..., H, n, E), k (..., Hkv, n, E), v (..., Hkv, n, Ev): this rank's contiguous shard of the sequence for
+    all heads, H and Hkv multiples of the group's size P (Hkv = H, or Hkv dividing H for grouped-query heads:
+    only the Hkv key/value heads are sent). An all-to-all gives each rank all N tokens of H/P query heads and
+    the Hkv/P key/value heads they read, it runs ordinary attention on them, and a second all-to-all returns its
+    output rows (..., H, n, Ev). Differentiable (the all-to-all's backward is the inverse all-to-all). Errors as
+    for :func:`ring_attention`; ``axes="bshd"`` as there.
     """
     _, P = _group_rank_size(group, "ulysses_attention")
+    if _check_axes(axes) == "bshd":
+        named = _from_axes(axes, {"q": q, "k": k, "v": v})
+        out = ulysses_attention(named["q"], named["k"], named["v"], causal=causal, scale=scale, group=group)
+        return _to_axes(axes, out)
 
     def heads(q, k, v):
         if q.ndim < 3:
@@ -662,12 +695,20 @@ def ulysses_attention(q, k, v, *, causal=False, scale=None, group=None):
         if q.shape[-3] % P:
             raise ValueError(f"ulysses_attention gives each of the {P} ranks H/P heads, so H must be a multiple "
                              f"of {P}; got H={q.shape[-3]}")
+        if k.shape[-3] % P:
+            raise ValueError(f"ulysses_attention gives each of the {P} ranks Hkv/P key/value heads, so Hkv must be "
+                             f"a multiple of {P}; got Hkv={k.shape[-3]} (repeat the key/value heads, or use the "
+                             "ring)")
 
     _validate(q, k, v, causal, group, P, "ulysses_attention", heads, [("causal", causal), ("scale", scale)])
     qh, kh, vh = (_SeqToHeads.apply(x, group, P) for x in (q, k, v))  # (..., H/P, N, E)
     from lib.attention import attention
 
-    out = attention(qh, kh, vh, causal=causal, scale=scale)  # (..., H/P, N, Ev)
+    if qh.shape[-3] != kh.shape[-3]:  # grouped: (..., Hkv/P, G, N, E) against (..., Hkv/P, 1, N, E)
+        out = attention(qh.unflatten(-3, (kh.shape[-3], -1)), kh.unsqueeze(-3), vh.unsqueeze(-3), causal=causal,
+                        scale=scale).flatten(-4, -3)  # (..., H/P, N, Ev)
+    else:
+        out = attention(qh, kh, vh, causal=causal, scale=scale)  # (..., H/P, N, Ev)
     return _HeadsToSeq.apply(out, group, P)  # (..., H, n, Ev)
 
 
@@ -843,11 +884,16 @@ def run_cases(rank, world_size, cases):
             kwargs["layout"] = layout
         if "dlse" in case:
             kwargs["return_lse"] = True
+        bshd = case.get("axes") == "bshd"  # the shards are passed as (B, n, H, E) and the results turned back
+        if bshd:
+            kwargs["axes"] = "bshd"
         try:
             if "shards" in case:
                 q, k, v = case["shards"][me]
             else:
                 q, k, v = (shard(case[x], me, size, layout) for x in ("q", "k", "v"))
+            if bshd:
+                q, k, v = (x.transpose(1, 2) for x in (q, k, v))
             q, k, v = (x.clone().requires_grad_() for x in (q, k, v))
             reset_bytes_sent()
             out = fn(q, k, v, **kwargs)
@@ -855,6 +901,8 @@ def run_cases(rank, world_size, cases):
             forward_bytes = bytes_sent()
             reset_bytes_sent()
             dout = shard(case["dout"], me, size, layout) if "dout" in case else torch.ones_like(out)
+            if bshd and "dout" in case:
+                dout = dout.transpose(1, 2)
             if lse is None:
                 out.backward(dout)
             else:
@@ -862,6 +910,8 @@ def run_cases(rank, world_size, cases):
                 torch.autograd.backward([out, lse], [dout, dlse])
             result = {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad,
                       "bytes_forward": forward_bytes, "bytes_backward": bytes_sent()}
+            if bshd:
+                result.update({name: result[name].transpose(1, 2) for name in ("out", "dq", "dk", "dv")})
             if lse is not None:
                 result["lse"] = lse.detach()
             results.append(result)

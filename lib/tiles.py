@@ -179,11 +179,12 @@ def _lazy_query_block(q1, kt1, v1, mask, causal, rows, bk, S, scratch, window=No
     return np.divide(acc[..., :-1], np.where(total == 0, 1.0, total))
 
 
-def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=DEFAULT_BLOCK, window=None):
+def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=DEFAULT_BLOCK, window=None,
+                    key_padding_mask=None):
     """Attention computed in tiles with an online softmax; its forward pass never holds the (..., L, S) matrix.
 
-    Same arguments, mask polarity (True = may attend), ``causal`` alignments (True or ``"top-left"``, and
-    ``"bottom-right"``) and result as :func:`attention`. ``block_size`` is an
+    Same arguments, mask polarity (True = may attend), ``key_padding_mask``, ``causal`` alignments (True or
+    ``"top-left"``, and ``"bottom-right"``) and result as :func:`attention`. ``block_size`` is an
     int or a pair (query block, key block): memory beyond the inputs and output grows like the tile,
     (..., query block, key block), not like L × S. For each block of queries it walks the key blocks with an
     online softmax: each row's exponentials are taken relative to a shift m, their running sum and their running
@@ -200,7 +201,8 @@ def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=
     position, i + offset - window < j <= i + offset, and key blocks wholly outside every row's window are never
     visited, so the work grows like L × window, not L × S (:func:`tile_count`; chapter 12).
     """
-    ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale)
+    ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale,
+                                                                 key_padding_mask=key_padding_mask)
     causal = _check_causal(causal, L, S)
     window = _check_window(window, causal)
     bq, bk = _check_block(block_size)

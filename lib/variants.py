@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from lib.backend import _check_causal
 from lib.positions import apply_rope
 
 __all__ = [
@@ -86,20 +87,32 @@ def _sink_column(sink, scores):
 def sink_attention(q, k, v, sink=0.0, *, causal=True, mask=None, return_weights=False):
     """Attention whose softmax has one more logit, ``sink``, that carries no value (chapter 12).
 
-    q (..., H, L, E), k (..., H, S, E), v (..., H, S, Ev) -> (..., H, L, Ev). The weights are
+    q (..., H, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> (..., H, L, Ev). The weights are
     exp(s_j) / (exp(sink) + Σ exp(s_j)), so a row sums to less than 1 and a head can put weight on "nothing".
     ``sink=0.0`` is the off-by-one softmax (an extra zero logit); a tensor of shape (H,) is one learned logit per
-    head, as gpt-oss ships. ``causal`` aligns the last L queries with the last L keys (bottom-right), ``mask`` is
-    boolean (..., L, S), True where a query may attend. With ``return_weights`` also returns the weights
-    (..., H, L, S) and the weight each row gave the sink (..., H, L).
+    head, as gpt-oss ships. Hkv may divide H (grouped-query heads, as gpt-oss): query head h reads key/value head
+    h // (H / Hkv), as SDPA's ``enable_gqa``. ``causal`` follows the library's one rule: True (the default) or
+    ``"top-left"``, query i attends keys j <= i; ``"bottom-right"``, the L queries are the last L of the S
+    tokens (what new queries after a cache need); False, no causal pattern. ``mask`` is boolean (..., L, S), True
+    where a query may attend. With ``return_weights`` also returns the weights (..., H, L, S) and the weight
+    each row gave the sink (..., H, L).
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         _tensor(name, x, 3)
+    H, Hkv = q.shape[-3], k.shape[-3]
+    if v.shape[-3] != Hkv or k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree on (..., Hkv, S)")
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"q has {H} heads, not a multiple of the {Hkv} key/value heads of k and v: each key/value "
+                         "head must serve the same number of query heads")
+    if Hkv != H:  # grouped-query heads: each key/value head serves H / Hkv query heads
+        k, v = k.repeat_interleave(H // Hkv, dim=-3), v.repeat_interleave(H // Hkv, dim=-3)  # (..., H, S, ·)
     L, S = q.shape[-2], k.shape[-2]
+    offset = _check_causal(causal, L, S)  # None, or the diagonal's offset: True is top-left
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., H, L, S)
     allowed = None
-    if causal:
-        allowed = torch.ones(L, S, dtype=torch.bool, device=q.device).tril(S - L)  # (L, S), bottom-right
+    if offset is not None:
+        allowed = torch.ones(L, S, dtype=torch.bool, device=q.device).tril(offset)  # (L, S)
     if mask is not None:
         allowed = mask if allowed is None else allowed & mask
     if allowed is not None:
@@ -201,20 +214,26 @@ def masked_forward(model, tokens, mask=None, *, sinks=None, attend=None, return_
 # --------------------------------------------------------------------------------------------------------------
 
 
-def sliding_window_mask(L, S=None, window=None, *, device=None):
+def sliding_window_mask(L, S=None, window=None, *, align="top-left", device=None):
     """Boolean (L, S), True where query i may attend key j: the last ``window`` keys up to its own position.
 
-    The L queries are the last L of the S tokens (bottom-right, as decoding with a cache needs), so query i sits
-    at position p = i + S - L and sees keys p - window < j <= p: ``window`` keys, itself included. Conventions
-    differ by one: Mistral's paper writes its window W as the positions from p - W to p, which read literally is
-    W + 1 keys. ``window >= S`` is the plain causal mask.
+    Aligned as :func:`lib.attention.causal_mask` and the window kernels (``tiled_attention(..., window=)``,
+    ``flash_attention(..., window=)``) with ``causal=True``: ``align="top-left"`` (the default) puts query i at
+    position p = i; ``align="bottom-right"`` makes the L queries the last L of the S tokens, p = i + S - L (what
+    new queries after a cache need, as :class:`RollingKVCache` returns its keys; it needs L <= S). Query i sees
+    keys p - window < j <= p: ``window`` keys, itself included. The two agree when L == S. Conventions differ by
+    one: Mistral's paper writes its window W as the positions from p - W to p, which read literally is W + 1 keys.
+    ``window >= S`` is the plain causal mask.
     """
     S = L if S is None else S
     L, S = _positive_int("L", L), _positive_int("S", S)
     window = _positive_int("window", window)
-    if L > S:
-        raise ValueError(f"L={L} queries are the last of S={S} tokens, so L must be <= S")
-    p = torch.arange(S - L, S, device=device)[:, None]  # (L, 1): each query's position
+    if align not in ("top-left", "bottom-right"):
+        raise ValueError(f"align must be 'top-left' or 'bottom-right', got {align!r}")
+    if align == "bottom-right" and L > S:
+        raise ValueError(f"align='bottom-right' makes the L={L} queries the last of S={S} tokens, so L must be <= S")
+    first = S - L if align == "bottom-right" else 0
+    p = torch.arange(first, first + L, device=device)[:, None]  # (L, 1): each query's position
     j = torch.arange(S, device=device)[None, :]  # (1, S)
     return (j <= p) & (j > p - window)  # (L, S)
 
@@ -223,15 +242,20 @@ class RollingKVCache:
     """A key-value cache of ``window`` slots, written round-robin: memory stops growing at ``window`` tokens.
 
     Token t goes to slot t mod window, overwriting token t - window, which the band mask no longer lets anyone
-    see. Keys are stored rotated (RoPE at their true positions), so the slots' order does not matter: attention
-    is a sum over keys. ``append(k, v)`` takes (..., T, E) and (..., T, Ev) and returns the keys and values the
-    last new token may attend, at most ``window`` of them; ``nbytes`` counts the buffers.
+    see. ``append(k, v)`` takes T new tokens, (..., T, E) and (..., T, Ev), any T (one decode step, a chunk of a
+    chunked prefill, a whole prompt longer than the window), and returns the keys and values the T new queries
+    may attend, in order of position: the last ``window - 1`` tokens before them (fewer at the start) and the T
+    new ones. Their positions are :attr:`positions` (``append(..., return_positions=True)`` returns them too), so
+    ``sliding_window_mask(T, n, window, align="bottom-right")`` over the n keys returned gives exactly the band
+    mask's answer. For T = 1 that is at most ``window`` keys, all in the window, and no mask is needed. Only
+    the last ``window`` tokens are kept between calls; ``nbytes`` counts the buffers.
     """
 
     def __init__(self, window):
         self.window = _positive_int("window", window)
         self.k = self.v = None
         self.length = 0  # tokens seen so far
+        self.positions = torch.arange(0)  # the positions of the keys the last append returned
 
     def __len__(self):
         return self.length
@@ -240,19 +264,34 @@ class RollingKVCache:
     def nbytes(self):
         return 0 if self.k is None else self.k.nbytes + self.v.nbytes
 
-    def append(self, k, v):
+    def _held(self, n):
+        """The last n tokens held, in order of position: (..., n, E), (..., n, Ev)."""
+        slots = torch.arange(self.length - n, self.length, device=self.k.device) % self.window
+        return self.k.index_select(-2, slots), self.v.index_select(-2, slots)
+
+    def append(self, k, v, *, return_positions=False):
         _tensor("k", k, 2), _tensor("v", v, 2)
         if k.shape[:-1] != v.shape[:-1]:
             raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same (..., T)")
+        if self.k is not None and (k.shape[:-2] != self.k.shape[:-2] or k.shape[-1] != self.k.shape[-1]
+                                   or v.shape[-1] != self.v.shape[-1]):
+            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} do not match the cache's (..., T, E) = "
+                             f"{tuple(self.k.shape[:-2])} + (T, {self.k.shape[-1]}) and Ev={self.v.shape[-1]}")
+        T = k.shape[-2]
         if self.k is None:
             self.k = k.new_zeros(k.shape[:-2] + (self.window, k.shape[-1]))  # (..., W, E)
             self.v = v.new_zeros(v.shape[:-2] + (self.window, v.shape[-1]))  # (..., W, Ev)
-        for t in range(k.shape[-2]):
-            slot = self.length % self.window
-            self.k[..., slot, :], self.v[..., slot, :] = k[..., t, :], v[..., t, :]
-            self.length += 1
-        filled = min(self.length, self.window)
-        return self.k[..., :filled, :], self.v[..., :filled, :]
+        older = min(self.length, self.window - 1)  # the first new query's window reaches this far back
+        old_k, old_v = self._held(older)
+        keys, values = torch.cat([old_k, k], dim=-2), torch.cat([old_v, v], dim=-2)  # (..., older + T, ·)
+        start = self.length - older
+        self.positions = torch.arange(start, self.length + T, device=k.device)
+        kept = min(T, self.window)  # of the new tokens, only the last window survive this call
+        slots = torch.arange(self.length + T - kept, self.length + T, device=k.device) % self.window
+        self.k[..., slots, :] = k[..., T - kept:, :]
+        self.v[..., slots, :] = v[..., T - kept:, :]
+        self.length += T
+        return (keys, values, self.positions) if return_positions else (keys, values)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -201,3 +201,18 @@ def test_f2fp_slots_price_the_conversion_and_refuse_less_than_one_slot():
         cost.score_ledger(h100, 64, f2fp_slots=0.5)
     with pytest.raises(TypeError, match="f2fp_slots"):
         cost.score_ledger(h100, 64, f2fp_slots="2")
+
+
+def test_fractional_bytes_per_number_count_packed_caches():
+    """int4 caches (0.5 bytes a number) and fp8 with a float16 scale per 32 numbers (1 + 2/32 bytes)."""
+    fp16 = cost.kv_cache_bytes(32, 8, 128, 4096, 2)
+    assert cost.kv_cache_bytes(32, 8, 128, 4096, 0.5) == fp16 // 4
+    assert isinstance(cost.kv_cache_bytes(32, 8, 128, 4096, 0.5), int)
+    assert cost.kv_cache_bytes(32, 8, 128, 4096, 1 + 2 / 32) == fp16 * (1 + 2 / 32) / 2
+    assert cost.decode_bytes(1, 8, 4096, 128, 128, 0.5) == cost.decode_bytes(1, 8, 4096, 128, 128, 2) // 4
+    assert cost.max_decode_batch("Llama-2-7B", "H100", 4096, bytes_per_number=0.5) > \
+        cost.max_decode_batch("Llama-2-7B", "H100", 4096)
+    for bad, error in ((0, ValueError), (-1, ValueError), (float("nan"), ValueError), ("2", TypeError),
+                       (True, TypeError)):
+        with pytest.raises(error, match="bytes_per_number"):
+            cost.kv_cache_bytes(32, 8, 128, 4096, bad)

@@ -68,7 +68,8 @@ CALLS = [
     ("attention_weights", attn.attention_weights, (arr(2, 3, 4), arr(2, 5, 4)), {"mask": None, "causal": False,
                                                                                   "scale": None}),
     ("attention", attn.attention, (arr(2, 3, 4), arr(2, 5, 4), arr(2, 5, 3)),
-     {"mask": None, "causal": False, "scale": None, "return_weights": False}),
+     {"mask": None, "causal": False, "scale": None, "return_weights": False, "key_padding_mask": None,
+      "axes": "bhsd"}),
     ("attention_loop", attn.attention_loop, (arr(1, 2, 4), arr(1, 3, 4), arr(1, 3, 2)),
      {"mask": None, "causal": False, "scale": None}),
     ("tiled_attention", tiles.tiled_attention, (arr(2, 3, 4), arr(2, 5, 4), arr(2, 5, 3)),
@@ -77,7 +78,7 @@ CALLS = [
     ("padding_mask", attn.padding_mask, ([1, 3], 4), {"heads": True}),
     ("attention_state", merge.attention_state, (arr(2, 3, 4), arr(2, 5, 4), arr(2, 5, 3)),
      {"mask": None, "causal": False, "scale": None}),
-    ("merge_states", merge.merge_states, ([(arr(2, 3), arr(2)), (arr(2, 3), arr(2))],), {}),
+    ("merge_states", merge.merge_states, ([(arr(2, 3), arr(2)), (arr(2, 3), arr(2))],), {"axes": "bhsd"}),
     ("rope_frequencies", positions.rope_frequencies, (8,), {"base": 10000.0}),
     ("apply_rope", positions.apply_rope, (arr(2, 3, 8),), {"positions": None, "offset": 0, "base": 10000.0}),
     ("alibi_slopes", positions.alibi_slopes, (4,), {}),
@@ -310,15 +311,33 @@ FUNCTIONS = {
     "tiled_attention": lambda *a, **kw: tiles.tiled_attention(*a, block_size=(2, 3), **kw),
     "attention_state": lambda *a, **kw: merge.attention_state(*a, **kw)[0],
 }
+TAKE_AXES = {"attention", "attention_state"}  # the functions with axes=, fuzzed in both layouts
+
+# Sizes that coincide, where a tensor read along the wrong axis passes every shape check: batch (B, H), L, S
+COINCIDENT = ["B=L", "B=H", "S=H", "L=H", "B=L=S=H", None]
+
+
+@st.composite
+def sizes(draw):
+    """batch, L, S: free, or two of B, H, L, S (the batch (B, H) of split heads) drawn equal."""
+    coincide = draw(st.sampled_from(COINCIDENT))
+    if coincide is None:
+        batch = tuple(draw(st.lists(st.integers(0, 2), max_size=2)))
+        return batch, draw(st.integers(0, 4)), draw(st.integers(0, 5))
+    n = draw(st.integers(1, 4))
+    B, H, L, S = (draw(st.integers(1, 4)) for _ in range(4))
+    B, H, L, S = {"B=L": (n, H, n, S), "B=H": (n, n, L, S), "S=H": (B, n, L, n), "L=H": (B, n, n, S),
+                  "B=L=S=H": (n, n, n, n)}[coincide]
+    return (B, H), L, S
 
 
 @st.composite
 def problems(draw):
-    batch = tuple(draw(st.lists(st.integers(0, 2), max_size=2)))
-    L, S, E, Ev = draw(st.integers(0, 4)), draw(st.integers(0, 5)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    batch, L, S = draw(sizes())
+    E, Ev = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     q, k, v = arr(*batch, L, E), arr(*batch, S, E), arr(*batch, S, Ev)
     form = draw(st.sampled_from(["none", "bool", "bool-keys", "bool-batch", "float", "list", "int", "wrong-shape",
-                                 "heads-4d"]))
+                                 "heads-4d", "key-padding", "float-01"]))
     mask = {
         "none": None,
         "bool": R.random((L, S)) < 0.7,
@@ -329,20 +348,27 @@ def problems(draw):
         "int": np.ones((L, S), dtype=np.int64),
         "wrong-shape": np.ones((L + 1, S + 2), dtype=bool),
         "heads-4d": np.ones((2, 1, 1, S), dtype=bool),
+        "key-padding": (R.random(batch[:1] + (S,)) < 0.7).astype(np.int64),  # Hugging Face's (B, S), 1 = real
+        "float-01": np.ones((L, S)),  # attention_mask.to(dtype): masks nothing if added, so refused
     }[form]
     causal = draw(st.sampled_from([False, True, "top-left", "bottom-right", "bogus", 1, None]))
     scale = draw(st.sampled_from([None, 0.0, -0.7, 1e-30, 5.0, float("nan"), "0.5", True]))
     backend = draw(st.sampled_from(["numpy", "torch", "mixed"]))
     dtype = draw(st.sampled_from(["float64", "float32", "float16", "int64"]))
-    k_dtype = draw(st.sampled_from([dtype, "float32"]))  # mixed dtypes promote, as NumPy and torch do
+    k_dtype = draw(st.sampled_from([dtype, "float32"]))  # mixed floating dtypes are refused, as SDPA refuses them
     return q, k, v, mask, form, causal, scale, backend, (dtype, k_dtype)
 
 
-def expectation(q, mask, form, causal, scale, backend, L, S, E):
+def expectation(q, mask, form, causal, scale, backend, L, S, E, dtypes=("float64", "float64")):
     """The argument names an error may give (every one that is wrong), or an empty set if the call is valid."""
     wrong = set()
     if backend == "mixed":
         wrong |= {"q", "k", "v"}
+    if dtypes[0] != dtypes[1] and "int64" not in dtypes:
+        wrong.add("k")
+    batch = q.shape[:-2]
+    if form in ("bool", "list") and batch and batch[0] == L > 1:  # (L, S) or a (B, S) padding mask? refused
+        wrong.add("mask")
     if isinstance(causal, str):
         if causal not in ("top-left", "bottom-right") or causal == "bottom-right" and L > S:
             wrong.add("causal")
@@ -350,17 +376,22 @@ def expectation(q, mask, form, causal, scale, backend, L, S, E):
         wrong.add("causal")
     if isinstance(scale, (str, bool)) or (isinstance(scale, float) and math.isnan(scale)):
         wrong.add("scale")
-    if form in ("int", "wrong-shape") or (form == "heads-4d" and q.ndim < 4):
+    if form in ("int", "wrong-shape") or (form == "heads-4d" and (q.ndim < 4 or q.shape[0] != 2)):
         wrong.add("mask")
+    if form == "float-01" and L * S:
+        wrong.add("mask")
+    if form == "key-padding" and not batch:
+        wrong.add("key_padding_mask")
     if form == "list" and backend == "torch":
         wrong.add("mask")
     return wrong
 
 
-@settings(max_examples=150)
-@given(problem=problems(), which=st.sampled_from(sorted(FUNCTIONS)))
-def test_the_attention_functions_give_the_reference_or_a_named_error(problem, which):
+@settings(max_examples=200)
+@given(problem=problems(), which=st.sampled_from(sorted(FUNCTIONS)), bshd=st.booleans())
+def test_the_attention_functions_give_the_reference_or_a_named_error(problem, which, bshd):
     q, k, v, mask, form, causal, scale, backend, (dtype, k_dtype) = problem
+    bshd = bshd and which in TAKE_AXES and q.ndim == 4  # flash-attn's (B, L, H, E), passed with axes="bshd"
     L, S, E = q.shape[-2], k.shape[-2], q.shape[-1]
     inputs = [x.astype(t) if t != "int64" else (x * 3).astype(np.int64)
               for x, t in zip((q, k, v), (dtype, k_dtype, dtype))]
@@ -371,9 +402,14 @@ def test_the_attention_functions_give_the_reference_or_a_named_error(problem, wh
         if isinstance(mask, np.ndarray):
             mask = torch.from_numpy(mask)
     before = [snapshot(x) for x in inputs] + [snapshot(mask)]
-    want = expectation(q, mask, form, causal, scale, backend, L, S, E)
+    want = expectation(q, mask, form, causal, scale, backend, L, S, E, (dtype, k_dtype))
+    kw = {"axes": "bshd"} if bshd else {}
+    args = [x.swapaxes(1, 2) for x in inputs] if bshd else inputs
+    given_mask = mask
+    if form == "key-padding":
+        kw["key_padding_mask"], given_mask = mask, None
     try:
-        got = FUNCTIONS[which](*inputs, mask, causal=causal, scale=scale)
+        got = FUNCTIONS[which](*args, given_mask, causal=causal, scale=scale, **kw)
     except RAISED_FINE as err:
         assert want, f"a valid call raised {type(err).__name__}: {err}"
         assert any(n in str(err) for n in want), f"the error does not name {want}: {err}"
@@ -383,7 +419,10 @@ def test_the_attention_functions_give_the_reference_or_a_named_error(problem, wh
         s = 1 / math.sqrt(E) if scale is None else scale
         ref_inputs = [np.asarray(x, dtype=np.float64) for x in inputs]
         ref_mask = None if mask is None else np.asarray(mask if not isinstance(mask, torch.Tensor) else mask.numpy())
+        if form == "key-padding":  # one row per sequence: (B, 1, ..., 1, S)
+            ref_mask = ref_mask.astype(bool).reshape(ref_mask.shape[:1] + (1,) * (q.ndim - 2) + ref_mask.shape[1:])
         expected = reference(*ref_inputs, ref_mask, offset, s)
+        got = got.swapaxes(1, 2) if bshd else got
         got_np = got.numpy() if isinstance(got, torch.Tensor) else got
         assert not np.isnan(got_np).any()
         tol = max({"float16": 3e-3, "float32": 2e-5}.get(t, 1e-9) for t in (dtype, k_dtype))
@@ -419,11 +458,21 @@ def test_the_examples_the_fuzzing_first_found():
 @settings(max_examples=25)
 @given(L=st.integers(1, 40), S=st.integers(0, 40), E=st.integers(1, 40), batch=st.lists(st.integers(1, 2), max_size=2),
        scale=st.sampled_from([None, -0.5, 0.0, 1e-30, 0.3, 2.0]),
-       causal=st.sampled_from([False, True, "top-left", "bottom-right"]), lse=st.booleans())
-def test_the_kernel_gives_the_reference_or_a_named_error(L, S, E, batch, scale, causal, lse):
+       causal=st.sampled_from([False, True, "top-left", "bottom-right"]), lse=st.booleans(),
+       coincide=st.sampled_from([None, "L=H", "S=H", "B=L"]), bshd=st.booleans())
+def test_the_kernel_gives_the_reference_or_a_named_error(L, S, E, batch, scale, causal, lse, coincide, bshd):
+    if coincide is not None:  # split heads (B, H) with two sizes equal, and maybe flash-attn's (B, L, H, E)
+        L, S, B = min(L, 6), min(S, 6), batch[0] if batch else 2
+        batch = {"L=H": [B, L], "S=H": [B, S], "B=L": [L, 2]}[coincide]
     q, k, v = ten(*batch, L, E), ten(*batch, S, E), ten(*batch, S, 3)
+    bshd = bshd and len(batch) == 2
     try:
-        got = flash.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=lse)
+        if bshd:
+            got = flash.flash_attention(*(x.transpose(1, 2) for x in (q, k, v)), causal=causal, scale=scale,
+                                        return_lse=lse, axes="bshd")
+            got = (got[0].transpose(1, 2), got[1]) if lse else got.transpose(1, 2)
+        else:
+            got = flash.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=lse)
     except RAISED_FINE as err:
         assert causal == "bottom-right" and L != S and "causal" in str(err), err
         return

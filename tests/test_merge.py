@@ -48,7 +48,7 @@ def test_any_partition_and_any_merge_tree_equal_sdpa_over_all_keys(data, S, L, c
     mask = torch.ones(L, S, dtype=torch.bool).tril() if causal else None  # top-left, as is_causal
     parts = data.draw(partitions(S))
     states = [
-        attention_state(q, k[:, a:b], v[:, a:b], None if mask is None else mask[:, a:b]) for a, b in parts
+        attention_state(q, k[:, a:b], v[:, a:b], None if mask is None else mask[None, :, a:b]) for a, b in parts
     ]
     out, lse = merge_in_tree(states, data)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=causal), **EXACT)

@@ -128,3 +128,67 @@ def test_alibi_score_depends_only_on_the_offset():
         for d in range(10):
             diag = np.diagonal(bias[h], offset=-d)
             assert np.all(diag == diag[0])
+
+
+# ------------------------------------------------------------------------------------- the two pairings of RoPE
+
+
+def hf_rotate_half(x):
+    """Hugging Face's rotate_half, written out: (x1, x2) -> (-x2, x1) on the two halves of the last axis."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def hf_cos_sin(position_ids, dim, base=10000.0, dtype=torch.float64):
+    """LlamaRotaryEmbedding's cos and sin (B, L, dim): inv_freq = base^(-2i/dim), emb = cat(freqs, freqs)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float64) / dim))
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq  # (B, L, dim/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B, L, dim)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def hf_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return q * cos + hf_rotate_half(q) * sin, k * cos + hf_rotate_half(k) * sin
+
+
+def left_padded_position_ids():
+    """Hugging Face's position ids of a left-padded batch: cumsum(attention_mask) - 1, padding set to 1."""
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1]])
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1), mask
+
+
+def test_half_pairs_equal_hugging_faces_rotate_half_under_left_padding():
+    gen = torch.Generator().manual_seed(0)
+    position_ids, _ = left_padded_position_ids()
+    B, H, L, E = 3, 4, 6, 8  # B = H - 1, L = 6: (B, L) positions are read per sequence
+    q, k = torch.randn(B, H, L, E, generator=gen, dtype=torch.float64), torch.randn(B, 2, L, E, generator=gen,
+                                                                                   dtype=torch.float64)
+    cos, sin = hf_cos_sin(position_ids, E)
+    want_q, want_k = hf_apply_rotary_pos_emb(q, k, cos, sin)
+    torch.testing.assert_close(apply_rope(q, position_ids, pairs="half"), want_q)
+    torch.testing.assert_close(apply_rope(k, position_ids, pairs="half"), want_k)
+    np.testing.assert_allclose(apply_rope(q.numpy(), position_ids.numpy(), pairs="half"), want_q.numpy())
+    interleaved = apply_rope(q, position_ids)  # the other pairing: a different rotation, no error
+    assert (interleaved - want_q).abs().max() > 0.5
+    perm = torch.cat([torch.arange(0, E, 2), torch.arange(1, E, 2)])  # (0, 2, 4, 6, 1, 3, 5, 7)
+    torch.testing.assert_close(apply_rope(q[..., perm], position_ids, pairs="half"), interleaved[..., perm])
+    with pytest.raises(ValueError, match="pairs must be 'interleaved'.*'half'"):
+        apply_rope(q, pairs="rotate_half")
+
+
+def test_half_pairs_equal_transformers_own_apply_rotary_pos_emb():
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama",
+                                reason="transformers is a test requirement (requirements.txt); run make to install it")
+    gen = torch.Generator().manual_seed(1)
+    position_ids, _ = left_padded_position_ids()
+    q, k = (torch.randn(3, 2, 6, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    cos, sin = hf_cos_sin(position_ids, 16)
+    want_q, want_k = llama.apply_rotary_pos_emb(q, k, cos, sin)
+    torch.testing.assert_close(hf_apply_rotary_pos_emb(q, k, cos, sin)[0], want_q)  # the re-implementation is faithful
+    torch.testing.assert_close(apply_rope(q, position_ids, pairs="half"), want_q)
+    torch.testing.assert_close(apply_rope(k, position_ids, pairs="half"), want_k)
+    config = llama.LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=32)
+    hf_cos, hf_sin = llama.LlamaRotaryEmbedding(config)(q.float(), position_ids)
+    torch.testing.assert_close(hf_cos.double(), cos, rtol=1e-6, atol=1e-6)  # their cos and sin are these
+    torch.testing.assert_close(hf_sin.double(), sin, rtol=1e-6, atol=1e-6)

@@ -67,7 +67,8 @@ def bad_cases(world):
 
 def sdpa_reference(case):
     q, k, v = (case[x].clone().requires_grad_() for x in ("q", "k", "v"))
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=case["causal"], scale=case.get("scale"))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=case["causal"], scale=case.get("scale"),
+                                         enable_gqa=q.shape[-3] != k.shape[-3])
     out.backward(case["dout"])
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
 
@@ -90,14 +91,30 @@ def world_cases():
     lse = [{"scheme": "ring", "layout": lay, "causal": c, **inputs(2, 3, 18, 4, 5, 40 + i),
             "dlse": torch.randn(2, 3, 18, generator=torch.Generator().manual_seed(50 + i), dtype=torch.float64)}
            for i, (lay, c) in enumerate((("contiguous", True), ("zigzag", True), ("contiguous", False)))]
-    return two, bad, three, sub, half, lse
+    gqa = [dict(case, ranks=[0, 1]) for case in grouped_cases()]
+    return two, bad, three, sub, half, lse, gqa
+
+
+def grouped_cases():
+    """Grouped-query heads on two ranks: 4 query heads on 2 key/value heads (and on 1 for the ring)."""
+    cases = []
+    for i, (scheme, layout, Hkv) in enumerate((("ring", "contiguous", 2), ("ring", "zigzag", 1),
+                                               ("ulysses", "contiguous", 2))):
+        full = inputs(2, 4, 16, 8, 6, 60 + i)
+        case = {"scheme": scheme, "layout": layout, "causal": True, **full}
+        case["k"], case["v"] = full["k"][:, :Hkv].clone(), full["v"][:, :Hkv].clone()
+        cases.append(case)
+    for i, scheme in enumerate(("ring", "ulysses")):  # flash-attn's (B, n, H, E) shards, with n = H = 4
+        cases.append({"scheme": scheme, "layout": "contiguous", "causal": True, "axes": "bshd",
+                      **inputs(2, 4, 8, 8, 6, 70 + i)})
+    return cases
 
 
 def run_world():
-    two, bad, three, sub, half, lse = world_cases()
-    cases = two + [case for _, case in bad] + three + sub + half + lse
+    two, bad, three, sub, half, lse, gqa = world_cases()
+    cases = two + [case for _, case in bad] + three + sub + half + lse + gqa
     results = ring.launch(ring.run_cases, 3, cases, timeout=120)
-    cut = np.cumsum([0, len(two), len(bad), len(three), len(sub), len(half), len(lse)]).tolist()
+    cut = np.cumsum([0, len(two), len(bad), len(three), len(sub), len(half), len(lse), len(gqa)]).tolist()
     part = [[r[a:b] for r in results] for a, b in itertools.pairwise(cut)]
     return {
         "two": part[0][:2],
@@ -107,6 +124,7 @@ def run_world():
         "outside": part[3][0],
         "half": part[4][:2],
         "lse": part[5],
+        "gqa": part[6][:2],
     }
 
 
@@ -162,11 +180,20 @@ def test_bytes_counted_in_the_run_match_the_formula(world):
         check_bytes(cases, per_rank, P)
 
 
+def test_grouped_query_heads_equal_sdpa_and_send_only_the_key_value_heads(world):
+    """Chapter 11's P/(G+1) table, measured: the ring and the all-to-all on two gloo processes with Hkv < H."""
+    cases = world_cases()[6]
+    assert_matches_sdpa(cases, world["gqa"], F64)
+    check_bytes(cases, world["gqa"], 2)
+    ring_bytes = world["gqa"][0][0]["bytes_forward"]  # 4 query heads on 2 key/value heads: half the MHA blocks
+    assert ring_bytes == ring.sent_bytes_per_rank("ring", 16, 2, batch_heads=8, E=8, Ev=6, itemsize=8) // 2
+
+
 def check_bytes(cases, per_rank, P):
     for i, case in enumerate(cases):
         B, H, N, E = case["q"].shape
         Ev = case["v"].shape[-1]
-        kw = {"batch_heads": B * H, "E": E, "Ev": Ev, "itemsize": 8}
+        kw = {"batch_heads": B * H, "batch_kv_heads": B * case["k"].shape[-3], "E": E, "Ev": Ev, "itemsize": 8}
         for r in per_rank:
             assert r[i]["bytes_forward"] == ring.sent_bytes_per_rank(case["scheme"], N, P, **kw)
             total = r[i]["bytes_forward"] + r[i]["bytes_backward"]

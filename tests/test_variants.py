@@ -23,7 +23,7 @@ def randn(*shape, seed=0):
 @pytest.mark.parametrize("sink", [0.0, 2.5, torch.tensor([-1.0, 0.0, 3.0])], ids=["off-by-one", "scalar", "per-head"])
 def test_sink_attention_is_sdpa_scaled_by_the_weight_left_to_the_keys(sink):
     q, k, v = randn(2, 3, 5, 4, seed=1), randn(2, 3, 7, 4, seed=2), randn(2, 3, 7, 6, seed=3)
-    out, weights, to_sink = vr.sink_attention(q, k, v, sink, return_weights=True)
+    out, weights, to_sink = vr.sink_attention(q, k, v, sink, causal="bottom-right", return_weights=True)
     mask = torch.ones(5, 7, dtype=torch.bool).tril(2)  # bottom-right
     plain = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     scores = (q @ k.transpose(-2, -1) / 2).masked_fill(~mask, -math.inf)

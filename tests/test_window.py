@@ -28,7 +28,8 @@ def qkv(L, S, seed=0, E=8, Ev=5, device="cpu"):
 
 def band_oracle(q, k, v, window):
     L, S = q.shape[-2], k.shape[-2]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=sliding_window_mask(L, S, window, device=q.device))
+    band = sliding_window_mask(L, S, window, align="bottom-right", device=q.device)  # as causal="bottom-right"
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=band)
 
 
 def test_band_mask_is_the_causal_mask_cut_to_the_window():
@@ -36,7 +37,8 @@ def test_band_mask_is_the_causal_mask_cut_to_the_window():
     expected = torch.ones(6, 6, dtype=torch.bool).tril() & ~torch.ones(6, 6, dtype=torch.bool).tril(-3)
     assert torch.equal(mask, expected)
     assert mask.sum(-1).tolist() == [1, 2, 3, 3, 3, 3]  # window keys, itself included, once the window is full
-    assert torch.equal(sliding_window_mask(2, 6, 3), mask[-2:])  # new queries are the last ones: bottom-right
+    assert torch.equal(sliding_window_mask(2, 6, 3, align="bottom-right"), mask[-2:])  # the last 2 of 6 tokens
+    assert torch.equal(sliding_window_mask(2, 6, 3), mask[:2, :])  # top-left, as causal=True
     assert torch.equal(sliding_window_mask(5, 5, 99), torch.ones(5, 5, dtype=torch.bool).tril())
 
 
@@ -54,7 +56,7 @@ def test_tiled_window_equals_sdpa_with_the_band_mask(L, S, window, block):
 def test_tile_count_is_exactly_the_tiles_the_band_touches(L, S, window, block):
     bq, bk = block
     causal = True if L == S else "bottom-right"
-    mask = sliding_window_mask(L, S, window)
+    mask = sliding_window_mask(L, S, window, align="bottom-right")
     touched = sum(bool(mask[i:i + bq, j:j + bk].any()) for i in range(0, L, bq) for j in range(0, S, bk))
     assert tile_count(L, S, block, causal=causal, window=window) == touched
     assert tile_count(L, S, block, causal=causal, window=window) <= tile_count(L, S, block, causal=causal)
@@ -63,7 +65,7 @@ def test_tile_count_is_exactly_the_tiles_the_band_touches(L, S, window, block):
 def poisoned_blocks(v, L, window, bq, bk):
     """For each block of bq query rows: its rows, and v with NaN in every key block its windows do not reach."""
     S = v.shape[-2]
-    mask = sliding_window_mask(L, S, window)
+    mask = sliding_window_mask(L, S, window, align="bottom-right")
     for i in range(0, L, bq):
         seen = mask[i:i + bq].nonzero()[:, 1]
         needed = torch.zeros(S, dtype=torch.bool)
