@@ -194,10 +194,11 @@ def test_every_fold_says_what_it_holds(page):
 
 def test_landing_page_map_shows_the_reading_times_of_the_notebooks_as_they_are_now():
     """A build older than a chapter's last change shows stale minutes: the map must match the notebooks."""
-    import json
+    import importlib.util
 
-    from lib.notebook import reading_minutes, reading_surface
-
+    spec = importlib.util.spec_from_file_location("chapter_map", ROOT / "tools" / "chapter_map.py")
+    chapter_map = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chapter_map)
     boxes = source_soup(PAGES[0]).select("figure.chapter-map svg a[data-chapter]")
     shown = {a["data-chapter"]: (a["href"], a["data-minutes"]) for a in boxes}
     for page in NOTEBOOK_PAGES:
@@ -205,7 +206,7 @@ def test_landing_page_map_shows_the_reading_times_of_the_notebooks_as_they_are_n
         key = key.lstrip("0")
         notebook = json.loads((ROOT / f"{page}.ipynb").read_text())
         assert key in shown, f"the chapter map has no link to {page}"
-        assert shown[key] == (f"{page}.html", str(reading_minutes(reading_surface(notebook)))), page
+        assert shown[key] == (f"{page}.html", str(chapter_map.reading_minutes(notebook))), page
 
 
 # ------------------------------------------------------------------------------------ the layout, in Playwright
