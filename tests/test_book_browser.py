@@ -1,6 +1,7 @@
 """The built book as a reader's browser shows it: every page built, every formula rendered offline by MathJax,
 every internal link and asset present, every figure described, every chapter one click from Colab; on a 400 px
-phone the menu and the contents open, printed outputs keep their lines, wrapped code keeps its indentation and
+phone the menu and the contents open, printed tables keep their lines, nothing scrolls sideways but a table with its
+cue, no formula is wider than the column, "Back to top" covers no text, wrapped code keeps its indentation and
 the interactive figures fit the column; at 1,400 px no code cell or output scrolls sideways; no page shows raw TeX;
 every interactive figure draws from the book's own copy of Vega, carries a label that stays true, keeps light
 controls in dark mode, and moves when its control is used from the keyboard.
@@ -333,25 +334,36 @@ CHECK_CONTRAST = """() => {
     });
 }"""
 
-# Every fold opened (checks, solutions, asides), then each code block and output measured in the real layout.
-SIDEWAYS = """() => {
+# Every fold opened (checks, solutions, asides), then, a frame later (the page fits what a fold shows when it
+# opens: _static/book.js), each code block, output, formula and Markdown table measured in the real layout. An
+# output that scrolls is a table (class output-table: it keeps its lines) or not; one that scrolls shows its cue
+# (custom.css draws a shadow in its background; a Markdown table's box fades out at its right edge).
+SIDEWAYS = """async () => {
   document.querySelectorAll("details").forEach((d) => { d.open = true; });
   document.querySelectorAll(".toggle-hidden").forEach((e) => e.classList.remove("toggle-hidden"));
+  for (let i = 0; i < 3; i++) await new Promise((done) => requestAnimationFrame(done));
   const article = document.querySelector("article") || document.body;
   const wide = (el) => el.scrollWidth > el.clientWidth + 1;
   const first = (el) => (el.innerText || "").trim().split("\\n")[0].slice(0, 60);
-  const code = [], outputs = [];
+  const code = [], outputs = [], tables = [];
   article.querySelectorAll("pre").forEach((pre) => {
-    if (wide(pre)) (pre.closest(".cell_output") ? outputs : code).push(first(pre));
+    if (!wide(pre)) return;
+    if (!pre.closest(".cell_output")) code.push(first(pre));
+    else if (pre.classList.contains("output-table")) {
+      tables.push({text: first(pre), cue: getComputedStyle(pre).backgroundImage.includes("gradient")});
+    } else outputs.push(first(pre));
   });
   article.querySelectorAll(".cell_output > .output").forEach((out) => {
     if (wide(out) && !out.querySelector("pre")) outputs.push(first(out) || "(an output)");
   });
   const formulas = [...article.querySelectorAll("div.math, mjx-container[display='true']")].filter(wide).length;
-  return {code, outputs, formulas};
+  const markdown = [...article.querySelectorAll(".pst-scrollable-table-container")].filter(wide).map((box) => ({
+    text: first(box), cue: getComputedStyle(box).maskImage.includes("gradient"),
+  }));
+  return {code, outputs, tables, formulas, markdown};
 }"""
 
-# On a phone (after SIDEWAYS opened every fold): printed outputs whose lines wrap (a table's columns scrambled),
+# On a phone (after SIDEWAYS opened every fold): printed tables whose lines wrap (their columns scrambled),
 # and wrapped lines of code that continue left of their own indentation (_static/book.js and custom.css give each
 # a hanging indent, at most 35vw). A line's visual lines are the distinct tops of its text's boxes.
 PHONE_LINES = """() => {
@@ -373,7 +385,7 @@ PHONE_LINES = """() => {
   const lines = (text) => text.replace(/\\n$/, "").split("\\n").filter((line) => line.length).length;
   const wrapped = [], lost = [];
   let hung = 0;
-  article.querySelectorAll(".cell_output pre").forEach((pre) => {
+  article.querySelectorAll(".cell_output pre:not(.output-wraps)").forEach((pre) => {
     if (shown(pre) && rows(pre).length > lines(pre.textContent)) wrapped.push(first(pre));
   });
   article.querySelectorAll(".cell_input pre, div.highlight pre").forEach((pre) => {
@@ -574,10 +586,65 @@ def test_phone_code_wraps_instead_of_scrolling_sideways(browser, page):
 
 
 @pytest.mark.parametrize("page", NOTEBOOK_PAGES)
-def test_phone_printed_outputs_keep_their_lines(browser, page):
-    """A printed table keeps its columns at 400 px: no output's line wraps (a wide one scrolls in its own box)."""
+def test_phone_printed_tables_keep_their_lines(browser, page):
+    """A printed table keeps its columns at 400 px: no line of an output that is not marked to wrap (a sentence,
+    numbers, printed code: _static/book.js) wraps; a table's type shrinks, and a wide one scrolls in its own box."""
     wrapped = visit(browser, page, "phone")["lines"]["wrapped"]
-    assert not wrapped, f"{len(wrapped)} printed outputs wrap their lines at 400 px, first {wrapped[:3]}"
+    assert not wrapped, f"{len(wrapped)} printed tables wrap their lines at 400 px, first {wrapped[:3]}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_phone_nothing_scrolls_sideways_but_a_table_with_its_cue(browser, page):
+    """At 400 px, every fold open: no printed output scrolls sideways unless it is a table too wide for the column
+    at 8.5 px, and then its box shows the cue; a Markdown table that scrolls shows its cue; no display formula is
+    wider than the column (the page draws it smaller)."""
+    found = visit(browser, page, "phone")["sideways"]
+    assert not found["outputs"], f"{len(found['outputs'])} outputs that are not tables scroll sideways, first {found['outputs'][:3]}"
+    for kind in ("tables", "markdown"):
+        silent = [table["text"] for table in found[kind] if not table["cue"]]
+        assert not silent, f"{len(silent)} {kind} scroll sideways with no cue, first {silent[:3]}"
+    assert not found["formulas"], f"{found['formulas']} display formulas are wider than the column at 400 px"
+
+
+# "Back to top" shown (the theme shows it after the reader scrolls up), then the lines of text and the formulas of
+# the article that it covers: those whose boxes meet the button's.
+BACK_TO_TOP = """async () => {
+  const button = document.getElementById("pst-back-to-top");
+  window.scrollTo(0, Math.min(4000, document.body.scrollHeight / 2));
+  await new Promise((done) => setTimeout(done, 100));
+  window.scrollBy(0, -200);
+  await new Promise((done) => setTimeout(done, 300));
+  const box = button.getBoundingClientRect();
+  if (getComputedStyle(button).display === "none" || !box.width) return {shown: false, covered: []};
+  const meets = (r) => r.width > 0 && r.right > box.left && r.left < box.right && r.bottom > box.top && r.top < box.bottom;
+  const covered = [];
+  const walker = document.createTreeWalker(document.querySelector("article"), NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (!node.textContent.trim()) continue;
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    if ([...range.getClientRects()].some(meets)) covered.push(node.textContent.trim().slice(0, 40));
+  }
+  document.querySelectorAll("article mjx-container, article img, article svg").forEach((el) => {
+    if (meets(el.getBoundingClientRect())) covered.push(el.tagName.toLowerCase());
+  });
+  return {shown: true, covered};
+}"""
+
+
+@pytest.mark.parametrize("view", ["desktop", "phone"])
+@pytest.mark.parametrize("page", [CHAPTERS[0], CHAPTERS[4]])
+def test_back_to_top_covers_no_text(browser, page, view):
+    """The theme's "Back to top" appears when the reader scrolls up; it sits in the article's bar (custom.css), never
+    over a line of text, a formula or a figure."""
+    viewport, phone, _ = VIEWS[view]
+    tab = open_page(browser, page, viewport, phone=phone)
+    try:
+        found = tab.evaluate(BACK_TO_TOP)
+    finally:
+        tab.context.close()
+    assert found["shown"], "Back to top did not appear after scrolling up"
+    assert not found["covered"], f"Back to top covers {len(found['covered'])} pieces of the page, first {found['covered'][:3]}"
 
 
 @pytest.mark.parametrize("page", NOTEBOOK_PAGES)
@@ -607,8 +674,9 @@ def test_nothing_scrolls_sideways_at_desktop_width(browser, page):
     problems = []
     if found["code"]:
         problems.append(f"{len(found['code'])} code blocks scroll sideways, first {found['code'][:3]}")
-    if found["outputs"]:
-        problems.append(f"{len(found['outputs'])} outputs scroll sideways, first {found['outputs'][:3]}")
+    if found["outputs"] or found["tables"]:
+        wide = found["outputs"] + [table["text"] for table in found["tables"]]
+        problems.append(f"{len(wide)} outputs scroll sideways, first {wide[:3]}")
     if found["formulas"]:
         problems.append(f"{found['formulas']} display formulas are wider than the column (break them with aligned)")
     assert not problems, f"at {DESKTOP['width']} px: " + "; ".join(problems)
