@@ -177,3 +177,22 @@ if (document.readyState === "loading") {
 }
 window.addEventListener("load", whenTypeset);
 window.addEventListener("resize", fitFormulas);
+
+// A Going-deeper aside or a written solution is a dropdown whose button sphinx-togglebutton's script makes, named
+// "Toggle hidden content" on every one. The button is named after the title it opens instead ("Going deeper: ...",
+// "Solution"), so a screen-reader user can tell the folds apart; aria-expanded still says whether it is open. (The
+// cells' folds are named in the HTML the build writes: tools/accessible_names.py.) The script registered its own
+// DOMContentLoaded handler first, so the buttons exist when this runs.
+function nameToggleButtons() {
+  document.querySelectorAll("article .admonition-title > button.toggle-button").forEach((button) => {
+    const title = button.parentElement.textContent.replace(/\s+/g, " ").trim();
+    if (title) {
+      button.setAttribute("aria-label", title);
+    }
+  });
+}
+if (document.readyState === "loading") {
+  document.addEventListener("DOMContentLoaded", nameToggleButtons);
+} else {
+  nameToggleButtons();
+}

@@ -3,11 +3,14 @@ every internal link and asset present, every figure described, every chapter one
 phone the menu and the contents open, printed tables keep their lines, nothing scrolls sideways but a table with its
 cue, no formula is wider than the column, "Back to top" covers no text, wrapped code keeps its indentation and
 the interactive figures fit the column; at 1,400 px no code cell or output scrolls sideways; no page shows raw TeX;
+axe-core finds no serious or critical accessibility violation on any page, light or dark, desktop or phone, and
+every fold is named for what it opens;
 every interactive figure draws from the book's own copy of Vega, carries a label that stays true, keeps light
 controls in dark mode, and moves when its control is used from the keyboard.
 
 Needs `make book` (or `make test-book`) first, and Debian's chromium-headless-shell; `make test-browser` runs it
-and says so when either is missing. The layout tests drive that Chromium with Playwright (no browser download:
+and says so when either is missing. The accessibility audit needs axe-core from npm (`npm ci`, which `make test`
+runs where npm is present) and is skipped, saying so, without it. The layout tests drive that Chromium with Playwright (no browser download:
 `executable_path` points at Debian's binary). The pages are opened from file:// URLs with networking disabled, so
 a formula that renders here renders offline.
 """
@@ -191,6 +194,38 @@ def test_every_fold_says_what_it_holds(page):
     prompts = [p.get_text(strip=True) for p in source_soup(page).select("article details summary p.collapsed")]
     generic = [p for p in prompts if p.startswith("Show code cell")]
     assert not generic, f"{len(generic)} of {len(prompts)} folds say {generic[0]!r} (tag the cell with its role)"
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_every_cell_fold_is_named_for_what_it_opens(page):
+    """A cell's fold takes its name from the prompt it shows (tools/accessible_names.py), not the generic "Toggle
+    hidden content"; a check's fold adds the line it folds above, for a screen reader: "Show the checks: ✓ 3 ..."."""
+    article = source_soup(page).select_one("article")
+    summaries = article.select("div.cell details.hide > summary")
+    assert summaries, "no fold on the page"
+    generic = [summary for summary in summaries if summary.get("aria-label")]
+    assert not generic, f"{len(generic)} of {len(summaries)} folds named by an aria-label, not by what they show"
+    for summary in summaries:
+        shown = summary.select_one("p.collapsed").get_text(" ", strip=True)
+        assert "show" in shown.lower() and not shown.startswith("Show code cell"), f"a fold says {shown!r}"
+    for cell in article.select("div.cell.tag_check"):
+        summary, line = cell.select_one("details.hide > summary"), cell.select_one("div.cell_output pre")
+        if summary and line:
+            said = summary.select_one("p.collapsed .visually-hidden").get_text(strip=True)
+            assert said == ": " + line.get_text().strip().splitlines()[0], f"a check's fold says {said!r}"
+
+
+FOLD_BUTTONS = """() => [...document.querySelectorAll("article .admonition-title > button.toggle-button")]
+  .map((button) => [button.getAttribute("aria-label"), button.parentElement.textContent.replace(/\\s+/g, " ").trim()])"""
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_every_dropdown_button_is_named_for_its_title(browser, page):
+    """sphinx-togglebutton's script names each dropdown's button "Toggle hidden content"; _static/book.js names it
+    after the aside's or the solution's title."""
+    buttons = desktop(browser, page)["fold_buttons"]
+    wrong = [(label, title) for label, title in buttons if label != title or label == "Toggle hidden content"]
+    assert not wrong, f"{len(wrong)} of {len(buttons)} dropdown buttons are not named for their title, first {wrong[:2]}"
 
 
 def test_landing_page_map_shows_the_reading_times_of_the_notebooks_as_they_are_now():
@@ -507,14 +542,48 @@ def operate_the_figures(tab):
     return found
 
 
+# The accessibility audit: axe-core, from npm (package.json pins it; `make test` runs `npm ci`), read from
+# node_modules and put into the page by Playwright, so nothing is fetched while the test runs. Every fold is opened
+# first, so what they hold is audited too. WCAG 2.0, 2.1 and 2.2, levels A and AA; the serious and critical
+# violations, each with its rule, its count and the first elements it names.
+AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa"]  # (axe has no wcag22a: 2.2 added AA rules)
+AXE_RUN = """async (tags) => {
+  document.querySelectorAll("details").forEach((d) => { d.open = true; });
+  document.querySelectorAll(".toggle-hidden").forEach((e) => e.classList.remove("toggle-hidden"));
+  for (let i = 0; i < 3; i++) await new Promise((done) => requestAnimationFrame(done));
+  // an opened fold fades in (myst-nb, 0.3 s): its text is measured once it is drawn in its own colours
+  const finite = document.getAnimations().filter((a) => a.effect && a.effect.getComputedTiming().iterations !== Infinity);
+  await Promise.all(finite.map((a) => a.finished.catch(() => null)));
+  const result = await axe.run(document, {runOnly: {type: "tag", values: tags}, resultTypes: ["violations"]});
+  return {
+    theme: document.documentElement.dataset.theme,
+    version: axe.version,
+    violations: result.violations.filter((v) => ["serious", "critical"].includes(v.impact)).map((v) => ({
+      rule: v.id, impact: v.impact, help: v.help, count: v.nodes.length,
+      elements: v.nodes.slice(0, 3).map((n) => n.target.join(" ") + " " + n.html.slice(0, 80)),
+    })),
+  };
+}"""
+
+
+def audit(tab):
+    """axe-core's serious and critical violations on the page as loaded, or None where npm did not install it."""
+    if not AXE.is_file():
+        return None
+    tab.add_script_tag(path=str(AXE))
+    return tab.evaluate(AXE_RUN, AXE_TAGS)
+
+
 VIEWS = {"desktop": (DESKTOP, False, None), "phone": (PHONE, True, None), "dark": (DESKTOP, False, "dark"),
-         "interactive": (DESKTOP, False, None)}
+         "phone-dark": (PHONE, True, "dark"), "interactive": (DESKTOP, False, None)}
 PROBES = {
     "desktop": {"mathjax_errors": MATHJAX_ERRORS, "prose": PROSE, "folds": (FOLD_STYLES, TOGGLES),
-                "check_contrast": CHECK_CONTRAST, "sideways": SIDEWAYS},
+                "check_contrast": CHECK_CONTRAST, "fold_buttons": FOLD_BUTTONS, "sideways": SIDEWAYS, "axe": audit},
     "phone": {"page_width": "() => document.documentElement.scrollWidth", "toggle_heights": (TOGGLE_HEIGHTS, TOGGLES),
-              "sideways": SIDEWAYS, "lines": PHONE_LINES, "figures": figures_on_a_phone},
-    "dark": {"check_contrast": CHECK_CONTRAST, "controls": (CONTROL_COLOURS, INTERACTIVE_MARK)},
+              "sideways": SIDEWAYS, "lines": PHONE_LINES, "figures": figures_on_a_phone, "axe": audit},
+    "dark": {"check_contrast": CHECK_CONTRAST, "controls": (CONTROL_COLOURS, INTERACTIVE_MARK), "axe": audit},
+    "phone-dark": {"axe": audit},
     "interactive": {"vega": (VEGA_ON_THE_PAGE, VEGA_BUNDLE), "figures": operate_the_figures},
 }
 _VISITS = {}
@@ -522,7 +591,7 @@ _VISITS = {}
 
 def visit(browser, page, view):
     """One load of the page in a view ("desktop" 1,400 px, "phone" 400 px and touch, "dark" 1,400 px in dark
-    mode, "interactive" 1,400 px): every probe of PROBES[view], in order (a probe is JavaScript, JavaScript and
+    mode, "phone-dark" 400 px in dark mode, "interactive" 1,400 px): every probe of PROBES[view], in order (a probe is JavaScript, JavaScript and
     its argument, or a Python function of the tab for one that acts on the page), then the page's script and console
     errors and the URLs it asked for, those refused for leaving the book's folder apart."""
     if (page, view) not in _VISITS:
@@ -749,6 +818,20 @@ def test_no_request_leaves_the_books_folder(browser, page):
     """Offline means offline: nothing the page asks for on load comes from the network or from beside the build."""
     outside = desktop(browser, page)["outside"]
     assert not outside, f"{len(outside)} requests left the book's folder, first {outside[:3]}"
+
+
+@pytest.mark.parametrize("view", ["desktop", "dark", "phone", "phone-dark"])
+@pytest.mark.parametrize("page", PAGES)
+def test_no_serious_accessibility_violation(browser, page, view):
+    """axe-core (WCAG 2.0-2.2, A and AA) finds no serious or critical violation on the page, light and dark, at
+    1,400 px and on a 400 px touch screen, with every fold open."""
+    report = visit(browser, page, view)["axe"]
+    if report is None:
+        pytest.skip("axe-core is not installed: run `npm ci` (make test does where npm is present)")
+    assert report["theme"] == ("dark" if "dark" in view else "light"), f"the page shows the {report['theme']} theme"
+    found = [f"{v['rule']} ({v['impact']}, {v['count']} elements: {v['help']}; first {v['elements']})"
+             for v in report["violations"]]
+    assert not found, f"axe-core {report['version']} in the {view} view: " + "; ".join(found)
 
 
 def summary():
