@@ -139,7 +139,7 @@ function watchScrolling() {
 }
 window.addEventListener("load", watchScrolling);
 
-// A display formula wider than its column is drawn smaller until it fits, down to 0.55 of its size (MathJax 3 sets
+// A display formula wider than its column is drawn smaller until it fits, down to half its size (MathJax 3 sets
 // each formula's size on its mjx-container, in which everything else is measured in em). A formula in a closed fold
 // has no width yet: it is fitted when the fold opens (a ResizeObserver sees it take its size).
 function fitFormulas() {
@@ -155,7 +155,7 @@ function fitFormulas() {
     math.style.fontSize = math.dataset.size;
     const room = box.clientWidth, wide = math.scrollWidth;
     if (wide > room + 1) {
-      math.style.fontSize = `${Math.max(0.55, (room - 2) / wide) * size}px`;
+      math.style.fontSize = `${Math.max(0.5, (room - 2) / wide) * size}px`;
     }
   });
 }
