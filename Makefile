@@ -15,7 +15,7 @@ export PYTHONPATH := $(CURDIR)
 help:
 	@echo "make book       build the HTML book into _build/html"
 	@echo "make test       lint, library tests, strict nbval over every chapter and the guide (twice: on this CPU's"
-	@echo "                arithmetic and on another), the book build, the browser check"
+	@echo "                arithmetic and on another), the book build, the browser check (with axe-core from npm)"
 	@echo "make notebooks  re-run every chapter and the guide, storing their outputs (after changing one or the library)"
 	@echo "make models     retrain the models chapters 10 and 12 load (lib/weights/), after changing a recipe in lib/trained.py"
 	@echo "make colab      rewrite the Colab editions in colab/chapters and colab/guide (after make notebooks)"
@@ -65,8 +65,20 @@ test-book: $(STAMP)
 	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
 
 CHROMIUM := $(shell command -v chromium-headless-shell || command -v chromium)
+# The browser check audits every page with axe-core, pinned in package.json and package-lock.json; npm ci installs
+# it into node_modules (git-ignored). Without npm the audit is skipped, saying so.
+NPM := $(shell command -v npm)
+AXE := node_modules/axe-core/axe.min.js
 
-test-browser: $(STAMP)
+$(AXE): package.json package-lock.json
+ifeq ($(NPM),)
+	@echo "SKIPPED installing axe-core: no npm here (apt-get install npm); the browser check skips its accessibility audit"
+else
+	$(NPM) ci --ignore-scripts --no-audit --no-fund
+	touch $@
+endif
+
+test-browser: $(STAMP) $(AXE)
 ifeq ($(CHROMIUM),)
 	@echo "SKIPPED the browser check of the built book: no headless Chromium here (apt-get install chromium-headless-shell)"
 else
@@ -110,4 +122,4 @@ lock: $(STAMP)
 	$(BIN)/python -m pip freeze | sed 's/+cpu$$//' >> constraints.txt
 
 clean:
-	rm -rf _build
+	rm -rf _build node_modules

@@ -1,12 +1,16 @@
 """The built book as a reader's browser shows it: every page built, every formula rendered offline by MathJax,
 every internal link and asset present, every figure described, every chapter one click from Colab; on a 400 px
-phone the menu and the contents open, printed outputs keep their lines, wrapped code keeps its indentation and
+phone the menu and the contents open, printed tables keep their lines, nothing scrolls sideways but a table with its
+cue, no formula is wider than the column, "Back to top" covers no text, wrapped code keeps its indentation and
 the interactive figures fit the column; at 1,400 px no code cell or output scrolls sideways; no page shows raw TeX;
+axe-core finds no serious or critical accessibility violation on any page, light or dark, desktop or phone, and
+every fold is named for what it opens;
 every interactive figure draws from the book's own copy of Vega, carries a label that stays true, keeps light
 controls in dark mode, and moves when its control is used from the keyboard.
 
 Needs `make book` (or `make test-book`) first, and Debian's chromium-headless-shell; `make test-browser` runs it
-and says so when either is missing. The layout tests drive that Chromium with Playwright (no browser download:
+and says so when either is missing. The accessibility audit needs axe-core from npm (`npm ci`, which `make test`
+runs where npm is present) and is skipped, saying so, without it. The layout tests drive that Chromium with Playwright (no browser download:
 `executable_path` points at Debian's binary). The pages are opened from file:// URLs with networking disabled, so
 a formula that renders here renders offline.
 """
@@ -192,12 +196,45 @@ def test_every_fold_says_what_it_holds(page):
     assert not generic, f"{len(generic)} of {len(prompts)} folds say {generic[0]!r} (tag the cell with its role)"
 
 
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_every_cell_fold_is_named_for_what_it_opens(page):
+    """A cell's fold takes its name from the prompt it shows (tools/accessible_names.py), not the generic "Toggle
+    hidden content"; a check's fold adds the line it folds above, for a screen reader: "Show the checks: ✓ 3 ..."."""
+    article = source_soup(page).select_one("article")
+    summaries = article.select("div.cell details.hide > summary")
+    assert summaries, "no fold on the page"
+    generic = [summary for summary in summaries if summary.get("aria-label")]
+    assert not generic, f"{len(generic)} of {len(summaries)} folds named by an aria-label, not by what they show"
+    for summary in summaries:
+        shown = summary.select_one("p.collapsed").get_text(" ", strip=True)
+        assert "show" in shown.lower() and not shown.startswith("Show code cell"), f"a fold says {shown!r}"
+    for cell in article.select("div.cell.tag_check"):
+        summary, line = cell.select_one("details.hide > summary"), cell.select_one("div.cell_output pre")
+        if summary and line:
+            said = summary.select_one("p.collapsed .visually-hidden").get_text(strip=True)
+            assert said == ": " + line.get_text().strip().splitlines()[0], f"a check's fold says {said!r}"
+
+
+FOLD_BUTTONS = """() => [...document.querySelectorAll("article .admonition-title > button.toggle-button")]
+  .map((button) => [button.getAttribute("aria-label"), button.parentElement.textContent.replace(/\\s+/g, " ").trim()])"""
+
+
+@pytest.mark.parametrize("page", NOTEBOOK_PAGES)
+def test_every_dropdown_button_is_named_for_its_title(browser, page):
+    """sphinx-togglebutton's script names each dropdown's button "Toggle hidden content"; _static/book.js names it
+    after the aside's or the solution's title."""
+    buttons = desktop(browser, page)["fold_buttons"]
+    wrong = [(label, title) for label, title in buttons if label != title or label == "Toggle hidden content"]
+    assert not wrong, f"{len(wrong)} of {len(buttons)} dropdown buttons are not named for their title, first {wrong[:2]}"
+
+
 def test_landing_page_map_shows_the_reading_times_of_the_notebooks_as_they_are_now():
     """A build older than a chapter's last change shows stale minutes: the map must match the notebooks."""
-    import json
+    import importlib.util
 
-    from lib.notebook import reading_minutes, reading_surface
-
+    spec = importlib.util.spec_from_file_location("chapter_map", ROOT / "tools" / "chapter_map.py")
+    chapter_map = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(chapter_map)
     boxes = source_soup(PAGES[0]).select("figure.chapter-map svg a[data-chapter]")
     shown = {a["data-chapter"]: (a["href"], a["data-minutes"]) for a in boxes}
     for page in NOTEBOOK_PAGES:
@@ -205,7 +242,7 @@ def test_landing_page_map_shows_the_reading_times_of_the_notebooks_as_they_are_n
         key = key.lstrip("0")
         notebook = json.loads((ROOT / f"{page}.ipynb").read_text())
         assert key in shown, f"the chapter map has no link to {page}"
-        assert shown[key] == (f"{page}.html", str(reading_minutes(reading_surface(notebook)))), page
+        assert shown[key] == (f"{page}.html", str(chapter_map.reading_minutes(notebook))), page
 
 
 # ------------------------------------------------------------------------------------ the layout, in Playwright
@@ -332,25 +369,36 @@ CHECK_CONTRAST = """() => {
     });
 }"""
 
-# Every fold opened (checks, solutions, asides), then each code block and output measured in the real layout.
-SIDEWAYS = """() => {
+# Every fold opened (checks, solutions, asides), then, a frame later (the page fits what a fold shows when it
+# opens: _static/book.js), each code block, output, formula and Markdown table measured in the real layout. An
+# output that scrolls is a table (class output-table: it keeps its lines) or not; one that scrolls shows its cue
+# (custom.css draws a shadow in its background; a Markdown table's box fades out at its right edge).
+SIDEWAYS = """async () => {
   document.querySelectorAll("details").forEach((d) => { d.open = true; });
   document.querySelectorAll(".toggle-hidden").forEach((e) => e.classList.remove("toggle-hidden"));
+  for (let i = 0; i < 3; i++) await new Promise((done) => requestAnimationFrame(done));
   const article = document.querySelector("article") || document.body;
   const wide = (el) => el.scrollWidth > el.clientWidth + 1;
   const first = (el) => (el.innerText || "").trim().split("\\n")[0].slice(0, 60);
-  const code = [], outputs = [];
+  const code = [], outputs = [], tables = [];
   article.querySelectorAll("pre").forEach((pre) => {
-    if (wide(pre)) (pre.closest(".cell_output") ? outputs : code).push(first(pre));
+    if (!wide(pre)) return;
+    if (!pre.closest(".cell_output")) code.push(first(pre));
+    else if (pre.classList.contains("output-table")) {
+      tables.push({text: first(pre), cue: getComputedStyle(pre).backgroundImage.includes("gradient")});
+    } else outputs.push(first(pre));
   });
   article.querySelectorAll(".cell_output > .output").forEach((out) => {
     if (wide(out) && !out.querySelector("pre")) outputs.push(first(out) || "(an output)");
   });
   const formulas = [...article.querySelectorAll("div.math, mjx-container[display='true']")].filter(wide).length;
-  return {code, outputs, formulas};
+  const markdown = [...article.querySelectorAll(".pst-scrollable-table-container")].filter(wide).map((box) => ({
+    text: first(box), cue: getComputedStyle(box).maskImage.includes("gradient"),
+  }));
+  return {code, outputs, tables, formulas, markdown};
 }"""
 
-# On a phone (after SIDEWAYS opened every fold): printed outputs whose lines wrap (a table's columns scrambled),
+# On a phone (after SIDEWAYS opened every fold): printed tables whose lines wrap (their columns scrambled),
 # and wrapped lines of code that continue left of their own indentation (_static/book.js and custom.css give each
 # a hanging indent, at most 35vw). A line's visual lines are the distinct tops of its text's boxes.
 PHONE_LINES = """() => {
@@ -372,7 +420,7 @@ PHONE_LINES = """() => {
   const lines = (text) => text.replace(/\\n$/, "").split("\\n").filter((line) => line.length).length;
   const wrapped = [], lost = [];
   let hung = 0;
-  article.querySelectorAll(".cell_output pre").forEach((pre) => {
+  article.querySelectorAll(".cell_output pre:not(.output-wraps)").forEach((pre) => {
     if (shown(pre) && rows(pre).length > lines(pre.textContent)) wrapped.push(first(pre));
   });
   article.querySelectorAll(".cell_input pre, div.highlight pre").forEach((pre) => {
@@ -494,14 +542,50 @@ def operate_the_figures(tab):
     return found
 
 
+# The accessibility audit: axe-core, from npm (package.json pins it; `make test` runs `npm ci`), read from
+# node_modules and put into the page by Playwright, so nothing is fetched while the test runs. Every fold is opened
+# first, so what they hold is audited too. WCAG 2.0, 2.1 and 2.2, levels A and AA; the serious and critical
+# violations, each with its rule, its count and the first elements it names.
+AXE = ROOT / "node_modules" / "axe-core" / "axe.min.js"
+AXE_TAGS = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "wcag22aa"]  # (axe has no wcag22a: 2.2 added AA rules)
+AXE_RUN = """async (tags) => {
+  document.querySelectorAll("details").forEach((d) => { d.open = true; });
+  document.querySelectorAll(".toggle-hidden").forEach((e) => e.classList.remove("toggle-hidden"));
+  for (let i = 0; i < 3; i++) await new Promise((done) => requestAnimationFrame(done));
+  // an opened fold fades in (myst-nb, 0.3 s): its text is measured once it is drawn in its own colours
+  const finite = document.getAnimations().filter((a) => a.effect && a.effect.getComputedTiming().iterations !== Infinity);
+  await Promise.all(finite.map((a) => a.finished.catch(() => null)));
+  // preload: false, since axe's fetch of the style sheets, refused from file:// pages, logs console errors
+  const options = {runOnly: {type: "tag", values: tags}, resultTypes: ["violations"], preload: false};
+  const result = await axe.run(document, options);
+  return {
+    theme: document.documentElement.dataset.theme,
+    version: axe.version,
+    violations: result.violations.filter((v) => ["serious", "critical"].includes(v.impact)).map((v) => ({
+      rule: v.id, impact: v.impact, help: v.help, count: v.nodes.length,
+      elements: v.nodes.slice(0, 3).map((n) => n.target.join(" ") + " " + n.html.slice(0, 80)),
+    })),
+  };
+}"""
+
+
+def audit(tab):
+    """axe-core's serious and critical violations on the page as loaded, or None where npm did not install it."""
+    if not AXE.is_file():
+        return None
+    tab.add_script_tag(path=str(AXE))
+    return tab.evaluate(AXE_RUN, AXE_TAGS)
+
+
 VIEWS = {"desktop": (DESKTOP, False, None), "phone": (PHONE, True, None), "dark": (DESKTOP, False, "dark"),
-         "interactive": (DESKTOP, False, None)}
+         "phone-dark": (PHONE, True, "dark"), "interactive": (DESKTOP, False, None)}
 PROBES = {
     "desktop": {"mathjax_errors": MATHJAX_ERRORS, "prose": PROSE, "folds": (FOLD_STYLES, TOGGLES),
-                "check_contrast": CHECK_CONTRAST, "sideways": SIDEWAYS},
+                "check_contrast": CHECK_CONTRAST, "fold_buttons": FOLD_BUTTONS, "sideways": SIDEWAYS, "axe": audit},
     "phone": {"page_width": "() => document.documentElement.scrollWidth", "toggle_heights": (TOGGLE_HEIGHTS, TOGGLES),
-              "sideways": SIDEWAYS, "lines": PHONE_LINES, "figures": figures_on_a_phone},
-    "dark": {"check_contrast": CHECK_CONTRAST, "controls": (CONTROL_COLOURS, INTERACTIVE_MARK)},
+              "sideways": SIDEWAYS, "lines": PHONE_LINES, "figures": figures_on_a_phone, "axe": audit},
+    "dark": {"check_contrast": CHECK_CONTRAST, "controls": (CONTROL_COLOURS, INTERACTIVE_MARK), "axe": audit},
+    "phone-dark": {"axe": audit},
     "interactive": {"vega": (VEGA_ON_THE_PAGE, VEGA_BUNDLE), "figures": operate_the_figures},
 }
 _VISITS = {}
@@ -509,7 +593,7 @@ _VISITS = {}
 
 def visit(browser, page, view):
     """One load of the page in a view ("desktop" 1,400 px, "phone" 400 px and touch, "dark" 1,400 px in dark
-    mode, "interactive" 1,400 px): every probe of PROBES[view], in order (a probe is JavaScript, JavaScript and
+    mode, "phone-dark" 400 px in dark mode, "interactive" 1,400 px): every probe of PROBES[view], in order (a probe is JavaScript, JavaScript and
     its argument, or a Python function of the tab for one that acts on the page), then the page's script and console
     errors and the URLs it asked for, those refused for leaving the book's folder apart."""
     if (page, view) not in _VISITS:
@@ -573,10 +657,74 @@ def test_phone_code_wraps_instead_of_scrolling_sideways(browser, page):
 
 
 @pytest.mark.parametrize("page", NOTEBOOK_PAGES)
-def test_phone_printed_outputs_keep_their_lines(browser, page):
-    """A printed table keeps its columns at 400 px: no output's line wraps (a wide one scrolls in its own box)."""
+def test_phone_printed_tables_keep_their_lines(browser, page):
+    """A printed table keeps its columns at 400 px: no line of an output that is not marked to wrap (a sentence,
+    numbers, printed code: _static/book.js) wraps; a table's type shrinks, and a wide one scrolls in its own box."""
     wrapped = visit(browser, page, "phone")["lines"]["wrapped"]
-    assert not wrapped, f"{len(wrapped)} printed outputs wrap their lines at 400 px, first {wrapped[:3]}"
+    assert not wrapped, f"{len(wrapped)} printed tables wrap their lines at 400 px, first {wrapped[:3]}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_phone_nothing_scrolls_sideways_but_a_table_with_its_cue(browser, page):
+    """At 400 px, every fold open: no printed output scrolls sideways unless it is a table too wide for the column
+    at 8.5 px, and then its box shows the cue; a Markdown table that scrolls shows its cue; no display formula is
+    wider than the column (the page draws it smaller)."""
+    found = visit(browser, page, "phone")["sideways"]
+    assert not found["outputs"], f"{len(found['outputs'])} outputs that are not tables scroll sideways, first {found['outputs'][:3]}"
+    for kind in ("tables", "markdown"):
+        silent = [table["text"] for table in found[kind] if not table["cue"]]
+        assert not silent, f"{len(silent)} {kind} scroll sideways with no cue, first {silent[:3]}"
+    assert not found["formulas"], f"{found['formulas']} display formulas are wider than the column at 400 px"
+
+
+# "Back to top" shown (the theme shows it after the reader scrolls up; sphinx-book-theme never shows it from 1,200 px
+# on), then the pieces of the article it covers: text, formulas and pictures under the button that the reader would
+# otherwise see (what the page's bar already hides does not count: the button is hidden while the page is asked).
+BACK_TO_TOP = """async () => {
+  const button = document.getElementById("pst-back-to-top");
+  window.scrollTo({top: Math.min(4000, document.body.scrollHeight / 2), behavior: "instant"});
+  await new Promise((done) => setTimeout(done, 200));
+  window.scrollBy({top: -200, behavior: "instant"});
+  await new Promise((done) => setTimeout(done, 300));
+  const box = button.getBoundingClientRect();
+  if (getComputedStyle(button).display === "none" || !box.width) return {shown: false, covered: []};
+  button.style.visibility = "hidden";
+  const seen = (r, node) => {
+    const left = Math.max(r.left, box.left), right = Math.min(r.right, box.right);
+    const top = Math.max(r.top, box.top), bottom = Math.min(r.bottom, box.bottom);
+    if (right <= left || bottom <= top) return false;
+    const el = document.elementFromPoint((left + right) / 2, (top + bottom) / 2);
+    return !!el && (el === node || el.contains(node) || node.contains(el));
+  };
+  const covered = [];
+  const walker = document.createTreeWalker(document.querySelector("article"), NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    if (!node.textContent.trim()) continue;
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    if ([...range.getClientRects()].some((r) => seen(r, node.parentElement))) covered.push(node.textContent.trim().slice(0, 40));
+  }
+  document.querySelectorAll("article mjx-container, article img, article svg").forEach((el) => {
+    if (seen(el.getBoundingClientRect(), el)) covered.push(el.tagName.toLowerCase());
+  });
+  button.style.visibility = "";
+  return {shown: true, covered};
+}"""
+TABLET = {"width": 900, "height": 1000}
+
+
+@pytest.mark.parametrize("width", ["phone", "tablet"])
+@pytest.mark.parametrize("page", [CHAPTERS[0], CHAPTERS[4]])
+def test_back_to_top_covers_no_text(browser, page, width):
+    """The theme's "Back to top" appears when the reader scrolls up (below 1,200 px); it sits in the article's bar
+    (custom.css), never over a line of text, a formula or a figure."""
+    tab = open_page(browser, page, PHONE if width == "phone" else TABLET, phone=width == "phone")
+    try:
+        found = tab.evaluate(BACK_TO_TOP)
+    finally:
+        tab.context.close()
+    assert found["shown"], "Back to top did not appear after scrolling up"
+    assert not found["covered"], f"Back to top covers {len(found['covered'])} pieces of the page, first {found['covered'][:3]}"
 
 
 @pytest.mark.parametrize("page", NOTEBOOK_PAGES)
@@ -606,8 +754,9 @@ def test_nothing_scrolls_sideways_at_desktop_width(browser, page):
     problems = []
     if found["code"]:
         problems.append(f"{len(found['code'])} code blocks scroll sideways, first {found['code'][:3]}")
-    if found["outputs"]:
-        problems.append(f"{len(found['outputs'])} outputs scroll sideways, first {found['outputs'][:3]}")
+    if found["outputs"] or found["tables"]:
+        wide = found["outputs"] + [table["text"] for table in found["tables"]]
+        problems.append(f"{len(wide)} outputs scroll sideways, first {wide[:3]}")
     if found["formulas"]:
         problems.append(f"{found['formulas']} display formulas are wider than the column (break them with aligned)")
     assert not problems, f"at {DESKTOP['width']} px: " + "; ".join(problems)
@@ -680,6 +829,20 @@ def test_no_request_leaves_the_books_folder(browser, page):
     """Offline means offline: nothing the page asks for on load comes from the network or from beside the build."""
     outside = desktop(browser, page)["outside"]
     assert not outside, f"{len(outside)} requests left the book's folder, first {outside[:3]}"
+
+
+@pytest.mark.parametrize("view", ["desktop", "dark", "phone", "phone-dark"])
+@pytest.mark.parametrize("page", PAGES)
+def test_no_serious_accessibility_violation(browser, page, view):
+    """axe-core (WCAG 2.0-2.2, A and AA) finds no serious or critical violation on the page, light and dark, at
+    1,400 px and on a 400 px touch screen, with every fold open."""
+    report = visit(browser, page, view)["axe"]
+    if report is None:
+        pytest.skip("axe-core is not installed: run `npm ci` (make test does where npm is present)")
+    assert report["theme"] == ("dark" if "dark" in view else "light"), f"the page shows the {report['theme']} theme"
+    found = [f"{v['rule']} ({v['impact']}, {v['count']} elements: {v['help']}; first {v['elements']})"
+             for v in report["violations"]]
+    assert not found, f"axe-core {report['version']} in the {view} view: " + "; ".join(found)
 
 
 def summary():

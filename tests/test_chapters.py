@@ -439,7 +439,7 @@ def test_chapter_map_has_every_chapter_and_reads_its_minutes_from_the_notebook()
     on_disk = {int(path.stem[:2]): path for path in CHAPTERS}
     assert set(on_disk) <= set(boxes), f"chapters missing from the map in tools/chapter_map.py: {set(on_disk) - set(boxes)}"
     for number, path in on_disk.items():
-        expected = reading_minutes(reading_surface(json.loads(path.read_text())))
+        expected = extension.reading_minutes(json.loads(path.read_text()))
         assert boxes[number]["minutes"] == expected, f"chapter {number}: the map says {boxes[number]['minutes']} min"
         assert boxes[number]["docname"] == f"chapters/{path.stem}"
     for number, box in boxes.items():
@@ -448,7 +448,45 @@ def test_chapter_map_has_every_chapter_and_reads_its_minutes_from_the_notebook()
         for before in box["builds_on"]:
             assert before < (number or 99), f"chapter {number} builds on a later chapter, {before}"
     guide = boxes[None]
-    assert guide["minutes"] == reading_minutes(reading_surface(json.loads((ROOT / "guide/debugging.ipynb").read_text())))
+    assert guide["minutes"] == extension.reading_minutes(json.loads((ROOT / "guide/debugging.ipynb").read_text()))
+
+
+def test_the_maps_minutes_count_prose_code_results_figures_and_formulas_at_a_careful_pace():
+    """tools/chapter_map.py's PACE: 140 words, 10 code lines and 20 printed lines a minute; a minute a figure, three
+    an interactive figure, half a minute a display formula; nothing folded counts."""
+    extension = chapter_map()
+    assert extension.PACE == {"words": 140, "code_lines": 10, "output_lines": 20, "figure": 1.0, "interactive": 3.0,
+                              "formula": 0.5}
+    assert extension.reading_minutes(notebook()) == 5
+    printed = {"output_type": "stream", "name": "stdout", "text": "a\nb\n\nc\n"}
+    chart = {"output_type": "display_data", "data": {"text/html": '<div class="sdpa-interactive"></div>'}}
+    image = {"output_type": "display_data", "data": {"image/png": ""}}
+    figure = {"name": "fig-x", "caption": "A figure."}
+    book = notebook(
+        markdown("word " * 1400 + "\n$$x$$\n\n$$y$$\n"),
+        code("\n".join(["x = 1"] * 20), outputs=[printed] * 20),  # 20 code lines, 60 printed lines
+        code("x", tags=["hide-input", "check"], outputs=[printed] * 40),  # a check's line: not read
+        code("plot()", tags=["hide-input", "plot"], outputs=[image], figure=figure),
+        code("chart()", tags=["hide-input", "plot"], outputs=[chart], figure=figure),
+    )
+    load = extension.reading_load(book)
+    assert load == {"prose_words": 1400, "visible_code_lines": 20, "output_lines": 60, "figures": 1,
+                    "interactive": 1, "formulas": 2}
+    # 10 + 2 + 3 + 1 + 3 + 1 = 20 minutes
+    assert extension.reading_minutes(book) == 20
+
+
+def test_the_map_marks_a_short_path_for_two_evenings():
+    extension = chapter_map()
+    boxes = extension.entries()
+    short = [box for box in boxes if extension.on_short_path(box)]
+    assert [box["number"] for box in short] == [1, 2, 3, 5, 7, None]
+    hours = sum(box["minutes"] for box in short) / 60
+    assert 3 <= hours <= 5.5, f"the short path takes {hours:.1f} hours: more than two evenings"
+    for narrow in (False, True):
+        svg = extension.svg(boxes, href=lambda docname: f"{docname}.html", narrow=narrow)
+        assert svg.count("short path</text>") + svg.count("short path · after") == len(short)
+    assert "short path" in extension.caption(boxes) and f"about {hours:.1f} hours" in extension.caption(boxes)
 
 
 def test_each_chapter_has_one_title_in_the_sidebar_the_map_and_the_landing_page_list():

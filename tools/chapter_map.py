@@ -6,10 +6,12 @@
     ```
 
 which draws the chapters and the field guide as boxes, an arrow from each chapter to the chapters that build on it,
-and in each box the minutes its main path takes to read. The minutes are computed at build time from the notebooks
-(`lib.notebook.reading_surface` and `reading_minutes`: prose words and visible code lines, nothing folded), never
-typed by hand; the landing page is rebuilt whenever a notebook changes. `tests/test_chapters.py` checks the map
-against the notebooks, `tests/test_book_browser.py` the built page against them.
+and in each box the minutes its main path takes to read, the chapters of the short path (two evenings) marked. The
+minutes are computed at build time from the notebooks (`reading_minutes` below, from what
+`lib.notebook.reading_surface` counts and what a reader meets besides: printed results, figures, interactive figures
+and display formulas; nothing folded), never typed by hand; the landing page is rebuilt whenever a notebook changes.
+`tests/test_chapters.py` checks the map against the notebooks, `tests/test_book_browser.py` the built page against
+them.
 
 The picture is inline SVG: its boxes are links, its text follows the theme's colours in light and dark mode, and its
 <title> and <desc> say in words what it draws.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import html
 import pathlib
+import re
 import sys
 import textwrap
 
@@ -28,12 +31,66 @@ from docutils.parsers.rst import Directive
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # the build imports lib from the checkout, as the chapters do
     sys.path.insert(0, str(ROOT))
-from lib.notebook import (
-    CODE_LINES_PER_MINUTE,
-    WORDS_PER_MINUTE,
-    reading_minutes,
-    reading_surface,
-)
+from lib.notebook import _DROPDOWN, reading_surface
+
+# The reading pace behind the minutes: a first reading that follows the argument and checks its numbers, not a skim.
+# 200 words and 10 code lines a minute, the pace the map first used, gave 7 hours for the book; a learner who read
+# every chapter for understanding took about 1.3 times that for chapters 1 to 6 and 1.6 to 1.8 times for the GPU
+# chapters, about 10 hours in all, and the difference is prose read more slowly and time spent on what is not
+# prose. So: prose at 140 words a minute, code at 10 lines a minute, a printed result at 20 lines a minute, a
+# minute for each figure, three for each interactive figure (its control tried through its range), and half a minute
+# for each display formula.
+PACE = {"words": 140, "code_lines": 10, "output_lines": 20, "figure": 1.0, "interactive": 3.0, "formula": 0.5}
+# The short path, for a reader with two evenings: what attention computes (1, 2), why it is scaled (3), masks (5),
+# what it costs and how it is tiled (7), and the field guide's bugs. The chapters left out are worked examples (4),
+# the module (6) and the two tracks that follow chapter 7.
+SHORT_PATH = (1, 2, 3, 5, 7, "guide")
+INTERACTIVE_MARK = "sdpa-interactive"  # the class of an interactive figure's output (lib/interactive.py)
+_DISPLAY_MATH = re.compile(r"\$\$[\s\S]*?\$\$|^```\{math\}", re.MULTILINE)
+_NOT_READ = ("remove-output", "remove-cell", "hide-output", "hide-cell", "check", "solution", "deeper")
+
+
+def reading_load(notebook):
+    """What a reader meets on a notebook's main path, counted: ``prose_words`` and ``visible_code_lines`` (as
+    ``lib.notebook.reading_surface`` counts them), ``output_lines`` (lines printed by the visible cells, checks,
+    solutions and asides apart), ``figures`` (numbered figures that do not move), ``interactive`` (interactive
+    figures) and ``formulas`` (display formulas outside folded dropdowns)."""
+    surface = reading_surface(notebook)
+    interactive = output_lines = 0
+    for cell in notebook["cells"]:
+        if cell.get("cell_type") != "code":
+            continue
+        outputs = cell.get("outputs", [])
+        interactive += any(INTERACTIVE_MARK in "".join(out.get("data", {}).get("text/html", "")) for out in outputs)
+        if any(tag in _NOT_READ for tag in cell.get("metadata", {}).get("tags", [])):
+            continue
+        for out in outputs:
+            data = out.get("data", {})
+            if out.get("output_type") == "stream":
+                text = "".join(out.get("text", ""))
+            elif "text/plain" in data and not any(kind.startswith("image/") or kind == "text/html" for kind in data):
+                text = "".join(data["text/plain"])
+            else:
+                continue
+            output_lines += sum(1 for line in text.splitlines() if line.strip())
+    markdown = "\n".join("".join(cell.get("source", "")) for cell in notebook["cells"] if cell.get("cell_type") == "markdown")
+    return {
+        "prose_words": surface["prose_words"],
+        "visible_code_lines": surface["visible_code_lines"],
+        "output_lines": output_lines,
+        "figures": surface["figures"] - min(interactive, surface["figures"]),
+        "interactive": interactive,
+        "formulas": len(_DISPLAY_MATH.findall(_DROPDOWN.sub(" ", markdown))),
+    }
+
+
+def reading_minutes(notebook):
+    """Minutes to read a notebook's main path at ``PACE``, rounded to 5 (at least 5)."""
+    load = reading_load(notebook)
+    minutes = (load["prose_words"] / PACE["words"] + load["visible_code_lines"] / PACE["code_lines"]
+               + load["output_lines"] / PACE["output_lines"] + load["figures"] * PACE["figure"]
+               + load["interactive"] * PACE["interactive"] + load["formulas"] * PACE["formula"])
+    return max(5, 5 * round(minutes / 5))
 
 # number -> (title while the chapter is being written, the chapters it builds on directly, (row, lane) on the map).
 # A written chapter's box shows its notebook's own title, the one the sidebar and the landing page's list show,
@@ -82,13 +139,13 @@ def entries(root=ROOT):
     for number, (title, builds_on, place) in CHAPTERS.items():
         path = notebook_of(number, root)
         notebook = json.loads(path.read_text()) if path else None
-        minutes = reading_minutes(reading_surface(notebook)) if path else None
+        minutes = reading_minutes(notebook) if path else None
         title = title_of(notebook) if path else title
         docname = f"chapters/{path.stem}" if path else None
         boxes.append({"number": number, "title": title, "docname": docname, "minutes": minutes,
                       "builds_on": builds_on, "place": place, "path": path})
     guide = root / f"{GUIDE[0]}.ipynb"
-    minutes = reading_minutes(reading_surface(json.loads(guide.read_text()))) if guide.exists() else None
+    minutes = reading_minutes(json.loads(guide.read_text())) if guide.exists() else None
     boxes.append({"number": None, "title": GUIDE[1], "docname": GUIDE[0] if guide.exists() else None,
                   "minutes": minutes, "builds_on": (), "place": GUIDE[2], "path": guide if guide.exists() else None})
     return boxes
@@ -125,8 +182,13 @@ def describe(boxes):
         name = f"Chapter {box['number']}, {box['title']}" if box["number"] else box["title"]
         time = f"about {box['minutes']} minutes" if box["minutes"] else "being written"
         after = f", after chapter {' and '.join(map(str, box['builds_on']))}" if box["builds_on"] else ""
-        parts.append(f"{name}: {time}{after}.")
+        short = ", on the short path" if on_short_path(box) else ""
+        parts.append(f"{name}: {time}{after}{short}.")
     return " ".join(parts)
+
+
+def on_short_path(box):
+    return (box["number"] or "guide") in SHORT_PATH
 
 
 def svg(boxes, href, narrow=False):
@@ -166,6 +228,8 @@ def svg(boxes, href, narrow=False):
         label = f"{box['number']}  {box['title']}" if box["number"] else box["title"]
         if box["minutes"] is None:
             time = "being written"
+        elif on_short_path(box):
+            time = f"{box['minutes']} min · short path"
         elif box["number"] is None:
             time = f"{box['minutes']} min · beside every chapter"
         else:
@@ -173,7 +237,7 @@ def svg(boxes, href, narrow=False):
         if narrow and box["builds_on"]:
             time += f" · after {' and '.join(map(str, box['builds_on']))}"
         kind = "chapter" if box["number"] else "guide"
-        state = "" if box["docname"] else " planned"
+        state = ("" if box["docname"] else " planned") + (" short" if on_short_path(box) else "")
         lines = textwrap.wrap(label, TITLE_CHARS)[:2]
         title = "".join(f'<tspan x="{x + 12}" dy="{0 if i == 0 else 18}">{html.escape(line)}</tspan>'
                         for i, line in enumerate(lines))
@@ -181,28 +245,38 @@ def svg(boxes, href, narrow=False):
                  f'<text class="title" x="{x + 12}" y="{y + 21}">{title}</text>'
                  f'<text class="minutes" x="{x + 12}" y="{y + 18 * len(lines) + 26}">{html.escape(time)}</text>')
         data = f' data-chapter="{box["number"] or "guide"}" data-minutes="{box["minutes"] or ""}"'
-        if box["docname"]:
-            name = f"Chapter {box['number']}: {box['title']}" if box["number"] else box["title"]
-            aria = html.escape(f"{name}, about {box['minutes']} minutes", quote=True)
-            out.append(f'<a href="{html.escape(href(box["docname"]), quote=True)}" aria-label="{aria}"{data}>'
-                       f"{shape}</a>")
+        if box["docname"]:  # named by its text, which a screen reader reads as it is shown
+            out.append(f'<a href="{html.escape(href(box["docname"]), quote=True)}"{data}>{shape}</a>')
         else:
             out.append(f"<g{data}>{shape}</g>")
     out.append("</svg>")
     return "".join(out)
 
 
+def _chapters(numbers):
+    numbers = [str(n) for n in numbers]
+    return ", ".join(numbers[:-1]) + " and " + numbers[-1] if len(numbers) > 1 else "".join(numbers)
+
+
 def caption(boxes):
-    """The map's caption, with the total reading time computed like the boxes'."""
+    """The map's caption: how the minutes are reckoned, the total, and the short path, computed like the boxes'."""
     written = [box["minutes"] for box in boxes if box["number"] and box["minutes"]]
     total = f"about {sum(written) / 60:.0f} hours in all"
     if len(written) < len(CHAPTERS):
         total += f" for the {len(written)} chapters written so far"
-    return (f"The {len(CHAPTERS)} chapters and the field guide. An arrow leads from a chapter to one that builds on "
-            f"it (on a narrow screen each box names the chapters it follows). Each box gives the minutes its main path takes at {WORDS_PER_MINUTE} words and "
-            f"{CODE_LINES_PER_MINUTE} lines of code a minute, folded checks, asides and solutions aside: {total}. "
-            "After chapter 7 the book forks: chapters 8 and 9 go onto the GPU, chapters 10 and 12 into a model, "
-            "and chapter 11 needs both.")
+    short = [box for box in boxes if on_short_path(box) and box["minutes"]]
+    short_hours = sum(box["minutes"] for box in short) / 60
+    numbers = [box["number"] for box in short if box["number"]]
+    return (f"The {len(CHAPTERS)} chapters and the field guide, which sits beside every chapter. An arrow leads from "
+            "a chapter to one that builds on it (on a narrow screen each box names the chapters it follows). Each box "
+            "gives the minutes a first, careful reading of its main path takes: prose at "
+            f"{PACE['words']} words a minute, code at {PACE['code_lines']} lines and printed results at "
+            f"{PACE['output_lines']} lines a minute, a minute for each figure, {PACE['interactive']:.0f} for each "
+            f"interactive figure and half a minute for each display formula; folded checks, asides and solutions "
+            f"are not counted: {total}. After chapter 7 the book forks: chapters 8 and 9 go onto the GPU, chapters "
+            "10 and 12 into a model, and chapter 11 needs both. With two evenings, take the short path (its boxes "
+            f"say so): chapters {_chapters(numbers)} and the field guide, about {short_hours:.1f} hours, which "
+            "covers what attention computes, why it is scaled, its masks and what it costs.")
 
 
 class ChapterMap(Directive):
