@@ -484,3 +484,39 @@ def test_the_kernel_gives_the_reference_or_a_named_error(L, S, E, batch, scale, 
         finite = want_lse > -math.inf
         assert (got_lse[~finite] == -math.inf).all()
         torch.testing.assert_close(got_lse.double()[finite], want_lse[finite], rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(L=st.integers(1, 3), S=st.integers(1, 10), E=st.integers(1, 20), G=st.integers(1, 3), Hkv=st.integers(1, 3),
+       B=st.integers(1, 3), splits=st.sampled_from([None, 1, 2, 3]),
+       coincide=st.sampled_from([None, "S=Hkv", "S=H", "L=H", "B=S", "B=Hkv"]), bshd=st.booleans())
+def test_split_decoding_gives_the_reference_in_both_layouts(L, S, E, G, Hkv, B, splits, coincide, bshd):
+    """flash_decode with grouped heads against SDPA in float64, with sizes that coincide (a cache read along the
+    wrong axis passes every shape check then), in the library's (B, H, L, E) and flash-attn's (B, L, H, E)."""
+    if coincide == "S=Hkv":
+        S = Hkv = max(Hkv, L)
+    if coincide == "S=H":
+        G = max(G, -(-L // Hkv))  # enough query heads that S = H covers the L queries
+    H = G * Hkv
+    if coincide == "S=H":
+        S = H
+    elif coincide == "L=H":
+        L = H
+    elif coincide == "B=S":
+        B = S
+    elif coincide == "B=Hkv":
+        B = Hkv
+    S = max(S, L)  # the L new queries are the last L of the S tokens
+    q, k, v = ten(B, H, L, E), ten(B, Hkv, S, E), ten(B, Hkv, S, 3)
+    if splits is not None:
+        splits = min(splits, S)
+    if bshd:
+        got = flash_decode.flash_decode(*(x.transpose(1, 2) for x in (q, k, v)), num_splits=splits, axes="bshd")
+        got = got.transpose(1, 2)
+    else:
+        got = flash_decode.flash_decode(q, k, v, num_splits=splits)
+    allowed = torch.ones(L, S, dtype=torch.bool).tril(S - L)  # bottom-right: query i is token S - L + i
+    want = torch.nn.functional.scaled_dot_product_attention(*(x.double() for x in (q, k, v)), attn_mask=allowed,
+                                                            enable_gqa=True)
+    assert got.shape == (B, H, L, 3)
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
