@@ -787,16 +787,28 @@ def test_every_fold_looks_the_same(browser, page):
 
 @pytest.mark.parametrize("page", NOTEBOOK_PAGES)
 def test_an_asides_code_is_inside_its_box(page):
-    """tools/asides.py: a cell tagged deeper right after a "Going deeper" aside is drawn inside the aside, open."""
+    """tools/asides.py: a cell tagged deeper right after a "Going deeper" aside, or solution right after a
+    "Solution" dropdown, is drawn inside that box, open: an aside, or an exercise's answer, is one fold."""
     article = source_soup(page).select_one("article")
     for aside in article.select("div.dropdown.admonition"):
         title = aside.select_one(".admonition-title").get_text(" ", strip=True)
+        role = "deeper" if title.startswith("Going deeper") else "solution" if title.startswith("Solution") else None
         after = aside.find_next_sibling()
-        if title.startswith("Going deeper") and after is not None:
+        if role and after is not None:
             classes = after.get("class", [])
-            assert not ("cell" in classes and "tag_deeper" in classes), f"the code of {title!r} sits outside its box"
-        for cell in aside.select("div.cell.tag_deeper"):
+            assert not ("cell" in classes and f"tag_{role}" in classes), f"the code of {title!r} sits outside its box"
+        for cell in aside.select("div.cell.tag_deeper, div.cell.tag_solution"):
             assert not cell.select("details"), f"the code inside {title!r} is folded a second time"
+
+
+def test_an_answer_with_reasoning_is_one_fold():
+    """Chapter 1's exercise 2: its written answer, its code and its checks open from one Solution box."""
+    article = source_soup(CHAPTERS[0]).select_one("article")
+    boxes = [box for box in article.select("div.dropdown.admonition")
+             if box.select_one(".admonition-title").get_text(strip=True).startswith("Solution")]
+    assert boxes, "no Solution box in chapter 1"
+    assert all(box.select("div.cell.tag_solution") for box in boxes), "a Solution box without its code"
+    assert all(box.select("div.cell.tag_check") for box in boxes), "a Solution box without its checks"
 
 
 @pytest.mark.parametrize("page", NOTEBOOK_PAGES)

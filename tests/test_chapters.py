@@ -209,6 +209,24 @@ def test_every_figure_is_numbered_and_captioned(path):
 
 
 @pytest.mark.parametrize("path", READ, ids=lambda p: p.stem)
+def test_an_exercises_written_answer_opens_its_one_fold(path):
+    """One fold per answer: a Solution dropdown comes before the exercise's solution cells and their checks, which
+    tools/asides.py then draws inside it. Placed after them, the page would show the code and the reasoning as two
+    folds, three boxes apart."""
+    notebook = cells(path)
+    for i, cell in enumerate(notebook):
+        if cell["cell_type"] != "markdown" or not source(cell).lstrip().startswith(":::{admonition} Solution"):
+            continue
+        j = i - 1
+        while j >= 0 and notebook[j]["cell_type"] == "code" and "check" in tags(notebook[j]):
+            j -= 1
+        before = notebook[j] if j >= 0 else {}
+        assert "solution" not in tags(before), (
+            f"cell {i}: the written answer follows its code ({first(before)!r}); put it before the solution cells"
+        )
+
+
+@pytest.mark.parametrize("path", READ, ids=lambda p: p.stem)
 def test_every_fold_has_its_role_and_prompts(path):
     """tools/refresh_notebooks.py writes a role's fold and prompts; a fold without a role says "Show code cell"."""
     for cell in code_cells(path):
