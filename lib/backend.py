@@ -433,7 +433,8 @@ def _check_mask(ops, mask, scores_shape, cdtype, q_dtype=None):
         raise ValueError(
             f"a 2-D boolean mask of shape {mshape} is ambiguous on scores {scores_shape}, whose batch B={L} equals "
             f"the query length L={L}: it would be read as (L, S), one row per query. If it is a (B, S) padding mask "
-            f"(one row per sequence), {KEY_PADDING_FIX}; if it is an (L, S) mask, pass mask=m[None] or causal="
+            f"(one row per sequence), {KEY_PADDING_FIX}; if it is an (L, S) mask shared by every sequence, pass "
+            "mask=m[None] (or causal=True for the causal pattern)"
         )
     if not fits:
         hint = ""

@@ -64,8 +64,8 @@ INDUCTION = {"vocab": 20, "n_tokens": 16, "d_model": 32, "n_layers": 2, "n_heads
 
 
 def repeat_batch(gen, size):
-    """Tokens (size, 16): a segment of m distinct tokens, the segment again, then filler; the positions (size, 15)
-    whose next token the repeat determines; and m (size, 1)."""
+    """Tokens (size, 16): a segment of m distinct tokens, the segment again, then
+    filler; the positions (size, 15) whose next token the repeat determines; and m."""
     V, N = INDUCTION["vocab"], INDUCTION["n_tokens"]
     m = torch.randint(3, 9, (size, 1), generator=gen)  # segment length, 3 to 8
     segment = torch.rand(size, V, generator=gen).argsort(-1)[:, :8]  # distinct
@@ -84,8 +84,8 @@ def induction_model():
 
 
 def train_induction(seed, steps=INDUCTION["steps"]):
-    """Train :func:`induction_model` from seed ``seed``: Adam at 1e-2, fresh batches of 64, next-token loss inside
-    the repeat only. Returns the model in eval mode."""
+    """Train :func:`induction_model` from seed ``seed``: Adam at 1e-2, fresh batches
+    of 64, next-token loss inside the repeat only. Returns the model in eval mode."""
     torch.manual_seed(seed)
     model = induction_model()
     optimiser = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -115,12 +115,14 @@ def lookup_model():
 
 
 def train_lookup(learned_sink, seed=0, steps=LOOKUP["steps"]):
-    """Train :func:`lookup_model` on fresh batches of 64 with the whole causal context visible; with
-    ``learned_sink`` also one sink logit per head (zeros at first, its own learning rate 0.1). Returns
-    ``(model, sinks)``, sinks (n_layers, n_heads) or None."""
+    """Train :func:`lookup_model` on fresh batches of 64, the whole causal context
+    visible; with ``learned_sink`` also one sink logit per head (zeros at first, its
+    own learning rate 0.1). Returns (model, sinks): sinks (layers, heads) or None."""
     torch.manual_seed(seed)
     model = lookup_model()
-    sinks = torch.nn.Parameter(torch.zeros(LOOKUP["n_layers"], LOOKUP["n_heads"])) if learned_sink else None
+    sinks = None
+    if learned_sink:
+        sinks = torch.nn.Parameter(torch.zeros(LOOKUP["n_layers"], LOOKUP["n_heads"]))
     groups = [{"params": model.parameters()}]
     if learned_sink:
         groups.append({"params": [sinks], "lr": 0.1})
