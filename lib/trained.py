@@ -34,12 +34,22 @@ def _path(name):
     return WEIGHTS / f"{name}.pt"
 
 
+def _check_model(model):
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (e.g. trained.lookup_model()), got {type(model).__name__}")
+
+
 def save(name, model, **extra):
     """Store ``model``'s weights (and tensors in ``extra``, such as learned sink logits) as lib/weights/NAME.pt."""
+    _check_model(model)
+    path = _path(name)
+    for key, value in extra.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"extra must be tensors, got {key}={type(value).__name__}")
     WEIGHTS.mkdir(exist_ok=True)
     state = {"model": {k: v.detach().clone() for k, v in model.state_dict().items()}}
     state.update({k: v.detach().clone() for k, v in extra.items()})
-    torch.save(state, _path(name))
+    torch.save(state, path)
 
 
 def load(name, model):
@@ -47,6 +57,7 @@ def load(name, model):
 
     ``model`` must be built with the shapes it was trained with: a mismatch raises torch's own error, which names
     the parameter."""
+    _check_model(model)
     path = _path(name)
     if not path.is_file():
         raise FileNotFoundError(f"no stored model {name!r} at {path}: run `python tools/train_models.py` to train it")

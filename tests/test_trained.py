@@ -219,3 +219,20 @@ def test_a_missing_model_names_the_command_that_trains_it(tmp_path, monkeypatch)
 def test_weights_of_another_shape_are_refused():
     with pytest.raises(RuntimeError, match="size mismatch"):
         trained.load("lookup-plain", trained.induction_model())
+
+
+def test_a_model_that_is_not_a_module_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(trained, "WEIGHTS", tmp_path)
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        trained.load("lookup-plain", {"embed.weight": torch.zeros(1)})
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        trained.save("x", "a model")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("extra", [{"sinks": [0.5, 1.0]}, {"sinks": None}])
+def test_extras_must_be_tensors(tmp_path, monkeypatch, extra):
+    monkeypatch.setattr(trained, "WEIGHTS", tmp_path)
+    with pytest.raises(TypeError, match="extra must be tensors"):
+        trained.save("x", trained.lookup_model(), **extra)
+    assert not list(tmp_path.iterdir())
