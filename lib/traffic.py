@@ -1,0 +1,251 @@
+"""What a Triton kernel moves: the bytes each launch loads from and stores to global memory, counted in Triton's
+interpreter on a CPU (chapter 8's IO count, run on the real kernel).
+
+    with traffic.count() as moved:
+        flash.flash_attention(q, k, v)        # any code that launches Triton kernels
+    moved.bytes("K")                          # bytes loaded from the argument named K, over every program
+    print(moved.table())                      # per kernel, per argument: loaded and stored
+
+Every ``tl.load``, ``tl.store`` and atomic, from a pointer block or a tensor descriptor, is counted lane by lane:
+a lane whose mask is False moves nothing and is not counted; a lane counts its element's size in bytes. Each byte is
+charged to the kernel argument (a tensor) whose memory it lies in, by name, as the kernel's signature names it. A
+byte that lies in no argument (a scratch buffer the kernel allocates, say) is charged to ``"?"``. The count is of
+accesses, not of distinct bytes: a tile read twice counts twice, which is what a kernel that re-reads K and V for
+every query tile costs in HBM traffic when no cache catches the re-reads (chapter 8). Nothing here is timed.
+
+Triton runs its interpreter only if ``TRITON_INTERPRET=1`` was set before Triton was imported; :func:`count` refuses
+otherwise, since a compiled kernel's memory operations cannot be watched from Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+from collections import defaultdict
+
+import numpy as np
+
+__all__ = ["Launch", "Traffic", "count", "flash_forward_bytes"]
+
+UNKNOWN = "?"
+
+
+@dataclasses.dataclass
+class Launch:
+    """One kernel launch: its name, its grid, and the bytes it loaded and stored, per argument name."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    loaded: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
+    stored: dict[str, int] = dataclasses.field(default_factory=lambda: defaultdict(int))
+
+    @property
+    def programs(self) -> int:
+        return int(np.prod(self.grid))
+
+
+class Traffic:
+    """The launches seen inside one :func:`count` block, in order."""
+
+    def __init__(self):
+        self.launches: list[Launch] = []
+
+    def bytes(self, name: str | None = None, kind: str = "load", kernel: str | None = None) -> int:
+        """Bytes moved, summed over launches (of ``kernel`` only, if given): ``kind`` is "load", "store" or "both";
+        ``name`` is one argument's name (None: every argument)."""
+        if kind not in ("load", "store", "both"):
+            raise ValueError(f"kind must be 'load', 'store' or 'both', not {kind!r}")
+        if kernel is not None and not any(launch.kernel == kernel for launch in self.launches):
+            raise ValueError(f"no launch of a kernel named {kernel!r}; launched: {self.kernels()}")
+        total = 0
+        for launch in self.launches:
+            if kernel is not None and launch.kernel != kernel:
+                continue
+            for table in ((launch.loaded,) if kind == "load" else (launch.stored,) if kind == "store"
+                          else (launch.loaded, launch.stored)):
+                total += sum(table.values()) if name is None else table.get(name, 0)
+        return int(total)
+
+    def kernels(self) -> list[str]:
+        return [launch.kernel for launch in self.launches]
+
+    def table(self) -> str:
+        """One line per (kernel, argument) that moved anything: bytes loaded and stored."""
+        lines = [f"{'kernel':<24}{'argument':<10}{'loaded':>14}{'stored':>14}"]
+        for launch in self.launches:
+            for name in sorted(set(launch.loaded) | set(launch.stored)):
+                lines.append(f"{launch.kernel:<24}{name:<10}{launch.loaded.get(name, 0):>14,}"
+                             f"{launch.stored.get(name, 0):>14,}")
+        return "\n".join(lines)
+
+
+class _Ranges:
+    """Address ranges of a launch's tensor arguments, to charge each address to its argument."""
+
+    def __init__(self, named_tensors):
+        spans = []
+        for name, tensor in named_tensors:
+            if tensor.numel() == 0:
+                continue
+            # from the tensor's first element to one past its last (negative strides are not Triton's)
+            start = tensor.data_ptr()
+            last = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()))
+            spans.append((start, start + (last + 1) * tensor.element_size(), name))
+        spans.sort()
+        self.starts = np.array([s for s, _, _ in spans], dtype=np.uint64)
+        self.ends = np.array([e for _, e, _ in spans], dtype=np.uint64)
+        self.names = [n for _, _, n in spans]
+
+    def charge(self, addresses: np.ndarray, width: int, table: dict[str, int]):
+        if addresses.size == 0:
+            return
+        addresses = addresses.astype(np.uint64, copy=False)
+        index = np.searchsorted(self.starts, addresses, side="right") - 1
+        inside = index >= 0
+        inside[inside] &= addresses[inside] < self.ends[index[inside]]
+        if (~inside).any():
+            table[UNKNOWN] += int((~inside).sum()) * width
+        if inside.any():
+            counts = np.bincount(index[inside], minlength=len(self.names))
+            for i, n in enumerate(counts):
+                if n:
+                    table[self.names[i]] += int(n) * width
+
+
+def _interpreter():
+    from triton.runtime import interpreter
+
+    from lib import flash  # lib.flash read TRITON_INTERPRET when Triton was set up
+
+    if not flash.INTERPRETED:
+        raise ValueError(
+            "traffic.count watches kernels in Triton's interpreter: set os.environ['TRITON_INTERPRET'] = '1' before "
+            "anything imports Triton (or torch modules that import it), then import lib"
+        )
+    return interpreter
+
+
+def _active(ptrs, mask):
+    addresses = np.asarray(ptrs.data)
+    if mask is None:
+        return addresses.ravel()
+    keep = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+    return addresses[keep]
+
+
+def _width(ptrs) -> int:
+    return ptrs.get_element_ty().primitive_bitwidth // 8
+
+
+@contextlib.contextmanager
+def count():
+    """Count the bytes every Triton launch in the block moves (see the module's docstring); yields a
+    :class:`Traffic`. Blocks do not nest."""
+    interpreter = _interpreter()
+    builder_type = interpreter.InterpreterBuilder
+    executor_type = interpreter.GridExecutor
+    if getattr(executor_type, "_traffic_counting", False):
+        raise ValueError("traffic.count blocks do not nest: count once, around everything you want counted")
+    traffic = Traffic()
+    current: dict[str, object] = {}
+    originals = {
+        "load": builder_type.create_masked_load,
+        "store": builder_type.create_masked_store,
+        "rmw": getattr(builder_type, "create_atomic_rmw", None),
+        "cas": getattr(builder_type, "create_atomic_cas", None),
+        "args": executor_type._init_args_hst,
+        "grid_dim": builder_type.set_grid_dim,
+    }
+
+    def launch_ranges():
+        if "ranges" not in current:
+            raise ValueError("a Triton memory operation ran outside a kernel launch")
+        return current["ranges"], current["launch"]
+
+    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        ranges, launch = launch_ranges()
+        ranges.charge(_active(ptrs, mask), _width(ptrs), launch.loaded)
+        return originals["load"](self, ptrs, mask, other, cache_policy, is_volatile)
+
+    def masked_store(self, ptrs, value, mask, cache_policy):
+        ranges, launch = launch_ranges()
+        ranges.charge(_active(ptrs, mask), _width(ptrs), launch.stored)
+        return originals["store"](self, ptrs, value, mask, cache_policy)
+
+    def atomic_rmw(self, rmw_op, ptr, val, mask, sem, scope):
+        ranges, launch = launch_ranges()
+        active = _active(ptr, mask)
+        ranges.charge(active, _width(ptr), launch.loaded)
+        ranges.charge(active, _width(ptr), launch.stored)
+        return originals["rmw"](self, rmw_op, ptr, val, mask, sem, scope)
+
+    def atomic_cas(self, ptr, cmp, val, sem, scope):
+        ranges, launch = launch_ranges()
+        active = _active(ptr, None)
+        ranges.charge(active, _width(ptr), launch.loaded)
+        ranges.charge(active, _width(ptr), launch.stored)
+        return originals["cas"](self, ptr, cmp, val, sem, scope)
+
+    def init_args(self, args_dev, kwargs):
+        args_hst, kwargs_hst = originals["args"](self, args_dev, kwargs)
+        named = inspect.getcallargs(self.fn, *args_hst, **kwargs_hst)
+        tensors = [(name, value) for name, value in named.items() if hasattr(value, "data_ptr")]
+        current["ranges"] = _Ranges(tensors)
+        current["launch"] = Launch(kernel=getattr(self.fn, "__name__", "kernel"), grid=())
+        traffic.launches.append(current["launch"])
+        return args_hst, kwargs_hst
+
+    def set_grid_dim(self, *grid):
+        if "launch" in current:
+            current["launch"].grid = tuple(int(g) for g in grid)
+        return originals["grid_dim"](self, *grid)
+
+    builder_type.create_masked_load = masked_load
+    builder_type.create_masked_store = masked_store
+    if originals["rmw"] is not None:
+        builder_type.create_atomic_rmw = atomic_rmw
+    if originals["cas"] is not None:
+        builder_type.create_atomic_cas = atomic_cas
+    builder_type.set_grid_dim = set_grid_dim
+    executor_type._init_args_hst = init_args
+    executor_type._traffic_counting = True
+    try:
+        yield traffic
+    finally:
+        builder_type.create_masked_load = originals["load"]
+        builder_type.create_masked_store = originals["store"]
+        if originals["rmw"] is not None:
+            builder_type.create_atomic_rmw = originals["rmw"]
+        if originals["cas"] is not None:
+            builder_type.create_atomic_cas = originals["cas"]
+        builder_type.set_grid_dim = originals["grid_dim"]
+        executor_type._init_args_hst = originals["args"]
+        executor_type._traffic_counting = False
+
+
+def flash_forward_bytes(L, S=None, E=64, Ev=None, *, block_m, block_n, causal=False, batch_heads=1,
+                        bytes_per_number=2):
+    """Bytes lib.flash's forward kernel moves, per argument, by chapter 8's count: Q read once, K and V read once
+    for each of the ceil(L / block_m) query tiles, the output written once and one float32 logsumexp per query.
+
+    With ``causal=True`` a query tile reads only the key tiles of ``block_n`` keys that begin before its last
+    query (the tiles wholly in its future are skipped; a tile that the diagonal crosses is read whole, its
+    lanes past S masked). Returns a dict
+    {"Q", "K", "V", "O", "LSE"} of bytes; :func:`count` measures the same on the running kernel.
+    """
+    S = L if S is None else S
+    Ev = E if Ev is None else Ev
+    for name, value in (("L", L), ("S", S), ("E", E), ("Ev", Ev), ("block_m", block_m), ("block_n", block_n),
+                        ("batch_heads", batch_heads), ("bytes_per_number", bytes_per_number)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (0 if name in "LS" else 1):
+            raise ValueError(f"{name} must be a {'non-negative' if name in 'LS' else 'positive'} int, not {value!r}")
+    tiles = -(-L // block_m)
+    keys = 0
+    for start_m in range(0, tiles * block_m, block_m):
+        last = min(S, start_m + block_m) if causal else S  # one past the last key this tile may see
+        full = (min(S, start_m + 1) if causal else S) // block_n * block_n  # key tiles needing no mask
+        keys += full + (min(S - full, -(-(last - full) // block_n) * block_n) if last > full else 0)
+    b = bytes_per_number
+    return {"Q": batch_heads * L * E * b, "K": batch_heads * keys * E * b, "V": batch_heads * keys * Ev * b,
+            "O": batch_heads * L * Ev * b, "LSE": batch_heads * L * 4}
