@@ -6,15 +6,16 @@ import torch
 
 from lib import flash, lab
 
-pytestmark = pytest.mark.skipif(not flash.INTERPRETED, reason="grades kernels in Triton's interpreter")
 
 SEED = 20261128
+interpreted = pytest.mark.skipif(not flash.INTERPRETED, reason="counts bytes in Triton's interpreter")
 
 
 def _scores(kernel, steps=lab.STEPS, seed=SEED, **mistake):
     return {step.name: step for step in lab.grade(kernel, seed, steps, constants=mistake)}
 
 
+@interpreted
 @pytest.mark.parametrize("kernel", [handed_in.official, handed_in.another_way], ids=["official", "another way"])
 def test_right_kernels_pass_every_step(kernel):
     steps = _scores(kernel)
@@ -22,6 +23,7 @@ def test_right_kernels_pass_every_step(kernel):
     assert steps["bytes"].ratio == pytest.approx(1.0)
 
 
+@interpreted
 def test_two_passes_over_k_are_right_but_fail_the_bytes():
     steps = _scores(handed_in.two_passes)
     assert steps["output"].score == steps["causal"].score == steps["logsumexp"].score == 1
@@ -29,6 +31,7 @@ def test_two_passes_over_k_are_right_but_fail_the_bytes():
     assert "reads K 2.00x and V 1.00x as often" in steps["bytes"].why
 
 
+@interpreted
 def test_mistakes_fail_the_step_they_touch():
     no_skip = _scores(handed_in.official, SKIP=False)
     assert no_skip["causal"].score == 1 and no_skip["tile skip"].score == 0
@@ -39,6 +42,7 @@ def test_mistakes_fail_the_step_they_touch():
     assert no_rescale["output"].score == 0 and "O differs" in no_rescale["output"].why
 
 
+@interpreted
 def test_work_done_outside_triton_scores_nothing():
     empty = _scores(handed_in.does_nothing)
     assert all(s.score == 0 for s in empty.values())
@@ -57,6 +61,7 @@ def test_hidden_cases_follow_the_seed_and_cover_the_lab():
     assert all(c.causal for s in range(20) for c in lab.hidden_cases(s, "tile skip"))
 
 
+@interpreted
 def test_no_message_gives_the_answer_away():
     for step in _scores(handed_in.official, RESCALE=False).values():
         assert "tensor(" not in step.why and "expected" not in step.why
@@ -71,3 +76,13 @@ def test_refusals():
         lab.launch(handed_in.torch_wrapper, *(torch.zeros(1, 4, 16) for _ in range(3)))
     with pytest.raises(ValueError, match="shapes do not fit"):
         lab.launch(handed_in.official, torch.zeros(1, 4, 16), torch.zeros(1, 5, 16), torch.zeros(1, 4, 16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(flash.INTERPRETED or not torch.cuda.is_available(), reason="compiles the kernel for a GPU")
+def test_on_a_gpu_the_kernel_is_graded_compiled_and_timed_against_sdpa():
+    steps = {s.name: s for s in lab.grade(handed_in.official, SEED)}
+    assert all(steps[name].score == 1 for name in ("output", "logsumexp", "causal")), steps
+    assert steps["bytes"].score is None and "interpreter" in steps["bytes"].why
+    ours, sdpa = lab.time_against_sdpa(handed_in.official, L=1024, Z=8)
+    assert ours > 0 and sdpa > 0
