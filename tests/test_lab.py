@@ -6,7 +6,6 @@ import torch
 
 from lib import flash, lab
 
-
 SEED = 20261128
 interpreted = pytest.mark.skipif(not flash.INTERPRETED, reason="counts bytes in Triton's interpreter")
 
