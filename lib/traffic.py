@@ -249,3 +249,51 @@ def flash_forward_bytes(L, S=None, E=64, Ev=None, *, block_m, block_n, causal=Fa
     b = bytes_per_number
     return {"Q": batch_heads * L * E * b, "K": batch_heads * keys * E * b, "V": batch_heads * keys * Ev * b,
             "O": batch_heads * L * Ev * b, "LSE": batch_heads * L * 4}
+
+
+def forward_table(L, S, E, *, block_m, block_n, causal=False, batch_heads=1, dtype="float16") -> str:
+    """Run lib.flash's forward kernel once on random CPU tensors in the interpreter, count what it moves, and set the
+    count beside :func:`flash_forward_bytes`: one line per argument, then the totals."""
+    import torch
+
+    from lib import flash
+
+    torch_dtype = {"float16": torch.float16, "float32": torch.float32}.get(dtype)
+    if torch_dtype is None:
+        raise ValueError(f"dtype must be 'float16' or 'float32' (the interpreter has no bfloat16), not {dtype!r}")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(batch_heads, n, E, generator=g).to(torch_dtype) for n in (L, S, S))
+    with count() as moved:
+        flash._forward(q, k, v, causal, E**-0.5,
+                       tiles=flash.Tiles(block_m=block_m, block_n=block_n, num_warps=1, num_stages=1))
+    formula = flash_forward_bytes(L, S, E, block_m=block_m, block_n=block_n, causal=causal,
+                                  batch_heads=batch_heads, bytes_per_number=torch_dtype.itemsize)
+    lines = [f"{'argument':<9}{'counted bytes':>15}{'formula':>15}"]
+    for name, expected in formula.items():
+        lines.append(f"{name:<9}{moved.bytes(name, 'both'):>15,}{expected:>15,}")
+    lines.append(f"{'total':<9}{moved.bytes(kind='both'):>15,}{sum(formula.values()):>15,}")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m lib.traffic",
+        description="Count the bytes lib.flash's forward kernel moves, in Triton's interpreter (run with "
+                    "TRITON_INTERPRET=1), beside chapter 8's formula.")
+    parser.add_argument("--L", type=int, default=256)
+    parser.add_argument("--S", type=int, default=None)
+    parser.add_argument("--E", type=int, default=64)
+    parser.add_argument("--block-m", type=int, default=64)
+    parser.add_argument("--block-n", type=int, default=32)
+    parser.add_argument("--batch-heads", type=int, default=1)
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--dtype", default="float16")
+    args = parser.parse_args(argv)
+    print(forward_table(args.L, args.L if args.S is None else args.S, args.E, block_m=args.block_m,
+                        block_n=args.block_n, causal=args.causal, batch_heads=args.batch_heads, dtype=args.dtype))
+
+
+if __name__ == "__main__":
+    main()

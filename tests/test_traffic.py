@@ -146,3 +146,15 @@ def test_backward_kernels_are_counted_too():
     assert moved.bytes("DK", "store") == 32 * 16 * 4
     assert moved.bytes("DV", "store") == 32 * 16 * 4
     assert moved.bytes(traffic.UNKNOWN, "both") == 0
+
+
+def test_the_table_sets_each_count_beside_the_formula(capsys):
+    traffic.main(["--L", "40", "--S", "72", "--E", "24", "--block-m", "16", "--block-n", "32", "--causal",
+                  "--dtype", "float32"])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [row[0] for row in rows] == ["Q", "K", "V", "O", "LSE", "total"]
+    assert all(row[1] == row[2] for row in rows)
+    formula = traffic.flash_forward_bytes(40, 72, 24, block_m=16, block_n=32, causal=True, bytes_per_number=4)
+    assert rows[-1][1] == f"{sum(formula.values()):,}"
+    with pytest.raises(ValueError, match="no bfloat16"):
+        traffic.forward_table(16, 16, 16, block_m=16, block_n=16, dtype="bfloat16")
