@@ -29,6 +29,9 @@ timeout -s INT "${LADDER_SECONDS:-240}" $py benchmarks/bench_gpu.py --dtypes bfl
 timeout -s INT "${DECODE_SECONDS:-90}" $py benchmarks/bench_decode.py --csv "$out/decode_results.csv" 2>&1 |
   tee "$out/decode.txt"
 
+# The SM clock under a long matrix product: chapter 8 prices every unit of the SM at one clock.
+timeout "${CLOCK_SECONDS:-60}" $py benchmarks/clock_under_load.py 2>&1 | tee "$out/clock_under_load.txt"
+
 # The tests and the chapters share the GPU: nothing is timed from here on.
 timeout "${TEST_SECONDS:-200}" $py -m pytest -p no:cacheprovider -m gpu -n 4 -q -rfE tests/test_attention.py \
   tests/test_flash.py tests/test_flash_decode.py tests/test_flash_kernel.py tests/test_modules.py \
