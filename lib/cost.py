@@ -297,6 +297,7 @@ def score_ledger(gpu: GPU, d: int, n: int = 4096, products: int = 2, exponential
     if tiles is not None:
         if not isinstance(tiles, tuple) or len(tiles) != 2:
             raise TypeError(f"tiles must be a tuple (block_m, block_n), got {tiles!r}")
+        tiles = (_count("tiles[0] (block_m)", tiles[0]), _count("tiles[1] (block_n)", tiles[1]))
         smem, l2 = smem_bytes_per_score(d, *tiles, elt=elt), l2_bytes_per_score(d, tiles[0], elt=elt)
     d, n, products, elt = _count("d", d), _count("n", n), _count("products", products), _count("elt", elt)
     exponentials = _amount("exponentials", exponentials)

@@ -295,3 +295,5 @@ def test_l2_rereads_by_hand_and_falling_with_the_query_tile():
         cost.score_ledger(cost.gpu("H100"), 128).l2_bytes_per_s(603)
     with pytest.raises(TypeError, match="tiles"):
         cost.score_ledger(cost.gpu("H100"), 128, tiles=[128, 64])
+    with pytest.raises(ValueError, match="tiles"):
+        cost.score_ledger(cost.gpu("H100"), 128, tiles=(128, 0))
