@@ -2,8 +2,9 @@
 # Everything the course checks on a CUDA GPU, in one go, with the machine's own Python (torch with CUDA, Triton):
 #   bash benchmarks/gpu_session.sh OUT_DIR
 # 1. the GPU and the versions; 2. the forward and forward + backward ladder against SDPA (bf16, batch 4, 16 heads,
-# d 64 and 128, n 4,096 and 16,384, causal and not: the default kernel and the last rung); 3. one decoding step
-# against long caches; 4. the `gpu`-marked library tests beside every Colab edition run top to bottom. Each step
+# d 64 and 128, n 4,096 and 16,384, causal and not: the default kernel and the last rung), with the SM clock it ran
+# at; 3. one decoding step against long caches, and the SM clock under a long matrix product; 4. the `gpu`-marked
+# library tests beside every Colab edition run top to bottom. Each step
 # has its own time limit, so one that hangs leaves the others their time; what each printed goes to OUT_DIR.
 # Needs nbclient and ipykernel for step 4 (pip install nbclient ipykernel); without them that step says so.
 set -u
@@ -23,11 +24,19 @@ print("cudnn", torch.backends.cudnn.version())'
 } 2>&1 | tee "$out/machine.txt"
 
 # The ladder: SDPA, the default kernel (+atomic-dq) and the last rung (+tma, +lpt). SIGINT lets the CSV close.
+# nvidia-smi samples the SM clock and the power meanwhile: the rates of every unit follow the clock.
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_event_reasons.active --format=csv -lms 500 \
+  > "$out/ladder_clocks.csv" 2>&1 &
+clocks=$!
 timeout -s INT "${LADDER_SECONDS:-240}" $py benchmarks/bench_gpu.py --dtypes bfloat16 --d 64 128 \
   --sizes 4096 16384 --impls sdpa +atomic-dq +lpt --csv "$out/gpu_results.csv" 2>&1 | tee "$out/ladder.txt"
+kill "$clocks" 2>/dev/null
 
 timeout -s INT "${DECODE_SECONDS:-90}" $py benchmarks/bench_decode.py --csv "$out/decode_results.csv" 2>&1 |
   tee "$out/decode.txt"
+
+# The SM clock under a long matrix product: chapter 8 prices every unit of the SM at one clock.
+timeout "${CLOCK_SECONDS:-60}" $py benchmarks/clock_under_load.py 2>&1 | tee "$out/clock_under_load.txt"
 
 # The tests and the chapters share the GPU: nothing is timed from here on.
 timeout "${TEST_SECONDS:-200}" $py -m pytest -p no:cacheprovider -m gpu -n 4 -q -rfE tests/test_attention.py \

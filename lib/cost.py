@@ -7,6 +7,7 @@ so every figure they give is a prediction, and the chapters say so where they pr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
@@ -16,8 +17,8 @@ __all__ = [
     "attention_crossover", "attention_flops", "attention_share", "cache_outweighs_weights", "choose_num_splits",
     "decode_attention_intensity", "decode_bytes", "decode_fits", "decode_memory_bytes", "decode_step",
     "decode_tokens_per_s", "forward_flops", "fp32_per_score", "gpu", "intensity", "kv_cache_bytes",
-    "layer_step_flops", "ledger_ceilings", "max_decode_batch", "model", "roofline_seconds", "score_ledger",
-    "wave_efficiency",
+    "l2_bytes_per_score", "layer_step_flops", "ledger_ceilings", "max_decode_batch", "model", "roofline_seconds",
+    "score_ledger", "smem_bytes_per_score", "wave_efficiency",
 ]
 
 
@@ -34,6 +35,19 @@ class GPU:
     clock_hz: float  # boost clock the rates above assume
     exp_per_clock_per_sm: int  # exponentials (ex2 on the special-function units) per clock per SM
     smem_per_block: int  # shared memory one thread block may use, bytes
+    smem_bytes_per_clock_per_sm: int = 128  # shared-memory bandwidth: 32 banks of 4 bytes a clock
+    tensor_clock_hz: float | None = None  # the clock tensor_flops assumes, where NVIDIA quotes it at another one
+
+    def at_clock(self, clock_hz: float) -> GPU:
+        """The same GPU with every unit of the SM priced at one clock, ``clock_hz`` (chapter 8): the tensor cores,
+        the float32 lanes, the exponentials and shared memory. HBM keeps its own clock and its bandwidth."""
+        clock_hz = _amount("clock_hz", clock_hz)
+        if not clock_hz > 0:
+            raise ValueError(f"clock_hz must be above 0, got {clock_hz!r}")
+        tensor_clock = self.clock_hz if self.tensor_clock_hz is None else self.tensor_clock_hz
+        return dataclasses.replace(self, tensor_flops=self.tensor_flops * clock_hz / tensor_clock,
+                                   fp32_flops=self.fp32_flops * clock_hz / self.clock_hz, clock_hz=clock_hz,
+                                   tensor_clock_hz=None)
 
     @property
     def ridge(self) -> float:
@@ -45,13 +59,22 @@ class GPU:
         """Exponentials per second over the whole chip."""
         return self.exp_per_clock_per_sm * self.sms * self.clock_hz
 
+    @property
+    def smem_bytes_per_s(self) -> float:
+        """Shared-memory bytes per second over the whole chip, every SM reading or writing at its clock rate."""
+        return self.smem_bytes_per_clock_per_sm * self.sms * self.clock_hz
+
 
 # NVIDIA's datasheets for the SXM parts (H100, H200, A100) and the PCIe T4 (free Colab's GPU). The exponential rate
 # is the special-function units' 16 results per clock per SM of compute capability 8.x and 9.0 (CUDA C++
-# Programming Guide, arithmetic instruction throughput).
+# Programming Guide, arithmetic instruction throughput); the shared-memory rate is the same guide's 32 banks, each
+# 32 bits wide a clock. The H100's and H200's 989.4 TFLOP/s is 4,096 FLOPs a clock on each of 132 SMs at 1.83 GHz,
+# while their float32 rate assumes the 1.98 GHz boost clock: ``at_clock`` puts every unit on one clock.
 GPUS = {
-    "H100": GPU("NVIDIA H100 SXM5 80GB", 989.4e12, 66.9e12, 3.35e12, 80e9, 132, 1.98e9, 16, 227 * 1024),
-    "H200": GPU("NVIDIA H200 SXM 141GB", 989.4e12, 66.9e12, 4.8e12, 141e9, 132, 1.98e9, 16, 227 * 1024),
+    "H100": GPU("NVIDIA H100 SXM5 80GB", 989.4e12, 66.9e12, 3.35e12, 80e9, 132, 1.98e9, 16, 227 * 1024,
+                tensor_clock_hz=1.83e9),
+    "H200": GPU("NVIDIA H200 SXM 141GB", 989.4e12, 66.9e12, 4.8e12, 141e9, 132, 1.98e9, 16, 227 * 1024,
+                tensor_clock_hz=1.83e9),
     "A100": GPU("NVIDIA A100 SXM4 80GB", 312e12, 19.5e12, 2.039e12, 80e9, 108, 1.41e9, 16, 163 * 1024),
     "T4": GPU("NVIDIA T4", 65e12, 8.1e12, 320e9, 16e9, 40, 1.59e9, 16, 64 * 1024),
 }
@@ -189,6 +212,15 @@ class ScoreLedger:
     fp32_ops: float  # per score, float32 instructions (one lane each), all of them
     hbm_bytes: float  # per score: the compulsory traffic (q, k, v, o once) shared over the n scores of a row
     fp32_half_rate_ops: float = 0.0  # per score, extra lane slots of the slow ones among fp32_ops (1 per half-rate op)
+    smem_bytes: float | None = None  # per score, shared-memory traffic of the tiles (None: no tiles given)
+    l2_bytes: float | None = None  # per score, the re-reads of K and V, one per query tile (None: no tiles given)
+
+    def l2_bytes_per_s(self, tflops: float) -> float:
+        """The L2 bandwidth (bytes/s) the re-reads of K and V need for a kernel running at ``tflops`` TFLOP/s (tensor
+        FLOPs, as the convention counts them). NVIDIA publishes no L2 bandwidth to divide by."""
+        if self.l2_bytes is None:
+            raise ValueError("this ledger has no tiles: pass tiles=(block_m, block_n) to score_ledger")
+        return self.l2_bytes * _amount("tflops", tflops) * 1e12 / self.tensor_flops
 
     @property
     def seconds(self) -> dict:
@@ -200,13 +232,15 @@ class ScoreLedger:
             "exponential unit": self.exponentials / self.gpu.exp_per_s,
             "float32 lanes": lane_slots / (self.gpu.fp32_flops / 2),
             "HBM": self.hbm_bytes / self.gpu.hbm_bytes_per_s,
+            **({} if self.smem_bytes is None else {"shared memory": self.smem_bytes / self.gpu.smem_bytes_per_s}),
         }
 
     def bound(self, overlap: str) -> float:
         """Seconds per score if the units run one after another ("serial"), if the exponentials and the float32
-        work overlap each other but not the products ("softmax"), or if everything overlaps ("full")."""
+        work overlap each other but not the products ("softmax"), or if everything overlaps ("full"). The products
+        take the longer of the tensor cores' time and the shared-memory time their operands need."""
         t = self.seconds
-        core, ex, fp = t["tensor cores"], t["exponential unit"], t["float32 lanes"]
+        core, ex, fp = max(t["tensor cores"], t.get("shared memory", 0.0)), t["exponential unit"], t["float32 lanes"]
         if overlap == "serial":
             return max(core + ex + fp, t["HBM"])
         if overlap == "softmax":
@@ -220,19 +254,55 @@ class ScoreLedger:
         return self.tensor_flops / self.bound(overlap) / 1e12
 
 
+def smem_bytes_per_score(d: int, block_m: int = 128, block_n: int = 64, *, elt: int = 2, rows_per_mma: int = 64,
+                         q_in_smem: bool = True, p_in_smem: bool = False) -> float:
+    """Bytes of shared-memory traffic per score of the forward loop with ``block_m`` × ``block_n`` tiles (chapter 8).
+
+    Per key tile: the K and V tiles are written once from HBM (2·block_n·d numbers); every group of
+    ``rows_per_mma`` query rows (a warp group on Hopper, whose wgmma takes 64 rows) reads the K tile for QKᵀ and the
+    V tile for PV (2·block_n·d each group); the query tile is read once more when it is an operand in shared memory
+    (``q_in_smem``, block_m·d); and P is written and read back when it goes through shared memory instead of
+    registers (``p_in_smem``, 2·block_m·block_n). Divided by block_m·block_n scores, times ``elt`` bytes."""
+    d, block_m, block_n = _count("d", d), _count("block_m", block_m), _count("block_n", block_n)
+    elt, rows_per_mma = _count("elt", elt), _count("rows_per_mma", rows_per_mma)
+    for name, flag in (("q_in_smem", q_in_smem), ("p_in_smem", p_in_smem)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {type(flag).__name__}")
+    groups = -(-block_m // rows_per_mma)  # ⌈block_m / rows_per_mma⌉ groups each read K and V
+    numbers_moved = 2 * block_n * d * (1 + groups) + q_in_smem * block_m * d + p_in_smem * 2 * block_m * block_n
+    return numbers_moved * elt / (block_m * block_n)
+
+
+def l2_bytes_per_score(d: int, block_m: int = 128, *, Ev: int | None = None, elt: int = 2) -> float:
+    """Bytes of K and V each score costs the L2 cache when every query tile of ``block_m`` rows reads them again
+    (chapter 8): (d + Ev)·elt / block_m. A kernel at R tensor FLOP/s needs R / (4d) · this many bytes a second."""
+    d, block_m, elt = _count("d", d), _count("block_m", block_m), _count("elt", elt)
+    Ev = d if Ev is None else _count("Ev", Ev)
+    return (d + Ev) * elt / block_m
+
+
 def score_ledger(gpu: GPU, d: int, n: int = 4096, products: int = 2, exponentials: float = 1.0,
                  fp32_ops: float | None = None, elt: int = 2, half_rate: bool = True,
-                 f2fp_slots: float = 2) -> ScoreLedger:
+                 f2fp_slots: float = 2, tiles: tuple[int, int] | None = None) -> ScoreLedger:
     """The ledger per score of attention with head size ``d`` over ``n`` keys (chapter 8). The forward pass has 2
     products and 1 exponential a score; a backward pass 5 products (7 with a separate dQ kernel) and 1 or 2.
     ``fp32_ops`` defaults to the library's compiled forward loop, :func:`fp32_per_score` ``(d)``, of which
     ``FP32_HALF_RATE_PER_SCORE`` issue at half rate; ``half_rate=False`` counts every one at the FMA rate (the
     simplification, to price it). ``f2fp_slots`` is the lane slots each F2FP takes with ``half_rate``: 2 (half rate,
-    the assumption) or ``F2FP_SLOTS_CATCH_ALL`` (the guide's "all other type conversions" row)."""
+    the assumption) or ``F2FP_SLOTS_CATCH_ALL`` (the guide's "all other type conversions" row). ``tiles``,
+    (block_m, block_n), adds the shared-memory bar (:func:`smem_bytes_per_score`) and the L2 re-reads
+    (:func:`l2_bytes_per_score`), and counts the accumulator's rescale for that key tile."""
     device = _gpu(gpu, "gpu")  # a GPU or its name
+    smem = l2 = None
+    if tiles is not None:
+        if not isinstance(tiles, tuple) or len(tiles) != 2:
+            raise TypeError(f"tiles must be a tuple (block_m, block_n), got {tiles!r}")
+        tiles = (_count("tiles[0] (block_m)", tiles[0]), _count("tiles[1] (block_n)", tiles[1]))
+        smem, l2 = smem_bytes_per_score(d, *tiles, elt=elt), l2_bytes_per_score(d, tiles[0], elt=elt)
     d, n, products, elt = _count("d", d), _count("n", n), _count("products", products), _count("elt", elt)
     exponentials = _amount("exponentials", exponentials)
-    fp32_ops = fp32_per_score(d) if fp32_ops is None else _amount("fp32_ops", fp32_ops)
+    block_n = 64 if tiles is None else tiles[1]
+    fp32_ops = fp32_per_score(d, block_n) if fp32_ops is None else _amount("fp32_ops", fp32_ops)
     f2fp_slots = _amount("f2fp_slots", f2fp_slots)
     if f2fp_slots < 1:
         raise ValueError(f"f2fp_slots must be at least 1 (a full-rate instruction); got {f2fp_slots}")
@@ -240,7 +310,7 @@ def score_ledger(gpu: GPU, d: int, n: int = 4096, products: int = 2, exponential
         raise ValueError(f"fp32_ops={fp32_ops} is fewer than the {FP32_HALF_RATE_PER_SCORE} half-rate instructions "
                          "it must include")
     slow = FMNMX_PER_SCORE + (f2fp_slots - 1) * F2FP_PER_SCORE if half_rate else 0.0
-    return ScoreLedger(device, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n), slow)
+    return ScoreLedger(device, d, 2 * d * products, exponentials, fp32_ops, 4 * n * d * elt / (n * n), slow, smem, l2)
 
 
 def ledger_ceilings(gpu: GPU, d: int, n: int = 4096, f2fp_slots: float = 2) -> tuple[float, float]:

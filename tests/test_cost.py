@@ -216,3 +216,84 @@ def test_fractional_bytes_per_number_count_packed_caches():
                        (True, TypeError)):
         with pytest.raises(error, match="bytes_per_number"):
             cost.kv_cache_bytes(32, 8, 128, 4096, bad)
+
+
+# ------------------------------------------------------- one clock, shared memory and L2 (chapter 8's ledger)
+
+
+def test_at_clock_puts_every_unit_of_the_h100_on_the_tensor_rates_clock():
+    h100 = cost.gpu("H100")
+    one = h100.at_clock(1.83e9)
+    assert one.tensor_flops == pytest.approx(989.4e12)  # the datasheet quotes it at 1.83 GHz already
+    assert one.fp32_flops == pytest.approx(66.9e12 * 1.83 / 1.98)  # the boost clock's float32 rate, rescaled
+    assert one.exp_per_s == pytest.approx(16 * 132 * 1.83e9)
+    assert one.hbm_bytes_per_s == h100.hbm_bytes_per_s  # HBM keeps its own clock
+    # at one clock a score at d = 64 costs the tensor cores and the exponential unit the same 1/16 of a clock
+    t = cost.score_ledger(one, 64).seconds
+    assert t["tensor cores"] == pytest.approx(t["exponential unit"], rel=1e-3)
+    assert cost.score_ledger(h100, 64).seconds["exponential unit"] < t["exponential unit"]  # boost: faster
+    # a lower clock slows every unit in proportion
+    half = one.at_clock(0.915e9)
+    assert half.tensor_flops == pytest.approx(one.tensor_flops / 2) and half.exp_per_s == pytest.approx(
+        one.exp_per_s / 2)
+    assert cost.gpu("A100").at_clock(1.41e9).fp32_flops == pytest.approx(19.5e12)  # quoted at one clock already
+    with pytest.raises(ValueError, match="clock_hz"):
+        h100.at_clock(0)
+
+
+def test_shared_memory_bytes_per_score_by_hand():
+    # 128 x 64 tiles, d = 64, bf16: K and V written (16 KiB), each of two 64-row groups reads K and V (32 KiB), Q
+    # read again (16 KiB): 64 KiB for 8,192 scores
+    assert cost.smem_bytes_per_score(64, 128, 64) == 64 * 1024 / (128 * 64) == 8.0
+    assert cost.smem_bytes_per_score(128, 128, 64) == 16.0
+    assert cost.smem_bytes_per_score(128, 128, 128) == 14.0  # the query tile read half as often
+    # P through shared memory instead of registers: written and read, 2 numbers of 2 bytes a score
+    assert cost.smem_bytes_per_score(64, 128, 64, p_in_smem=True) == 8.0 + 4.0
+    assert cost.smem_bytes_per_score(64, 128, 64, q_in_smem=False) == 8.0 - 64 * 2 / 64
+    with pytest.raises(TypeError, match="p_in_smem"):
+        cost.smem_bytes_per_score(64, p_in_smem=1)
+    with pytest.raises(ValueError, match="block_n"):
+        cost.smem_bytes_per_score(64, 128, 0)
+
+
+def test_shared_memory_falls_as_either_tile_grows_and_ties_the_tensor_cores_at_128_by_64():
+    for d in (64, 128):
+        for block_m in (64, 128, 256):
+            bytes_n = [cost.smem_bytes_per_score(d, block_m, n) for n in (32, 64, 128, 256)]
+            assert bytes_n == sorted(bytes_n, reverse=True) and len(set(bytes_n)) == 4
+        bytes_m = [cost.smem_bytes_per_score(d, m, 64) for m in (64, 128, 256, 512)]
+        assert bytes_m == sorted(bytes_m, reverse=True) and len(set(bytes_m)) == 4
+    one = cost.gpu("H100").at_clock(1.83e9)
+    for d in (64, 128):
+        t = cost.score_ledger(one, d, tiles=(128, 64)).seconds
+        assert t["shared memory"] == pytest.approx(t["tensor cores"], rel=1e-3)  # 32 FLOP a byte on both sides
+        assert cost.score_ledger(one, d, tiles=(128, 128)).seconds["shared memory"] < t["tensor cores"]
+    assert "shared memory" not in cost.score_ledger(one, 64).seconds  # no tiles, no bar
+
+
+def test_shared_memory_bar_bounds_the_products_when_it_is_the_longer():
+    one = cost.gpu("H100").at_clock(1.83e9)
+    narrow = cost.score_ledger(one, 128, tiles=(64, 64))  # 20 bytes a score: longer than the tensor cores
+    t = narrow.seconds
+    assert t["shared memory"] > t["tensor cores"]
+    assert narrow.bound("softmax") == pytest.approx(t["shared memory"] + max(t["exponential unit"],
+                                                                             t["float32 lanes"]))
+    assert narrow.tflops("serial") < cost.score_ledger(one, 128, tiles=(128, 64)).tflops("serial")
+
+
+def test_l2_rereads_by_hand_and_falling_with_the_query_tile():
+    assert cost.l2_bytes_per_score(64, 128) == 2.0  # (64 + 64) numbers of 2 bytes over 128 rows
+    assert cost.l2_bytes_per_score(128, 128) == 4.0
+    assert cost.l2_bytes_per_score(128, 64, Ev=64, elt=4) == (128 + 64) * 4 / 64
+    rows = [cost.l2_bytes_per_score(128, m) for m in (32, 64, 128, 256)]
+    assert rows == sorted(rows, reverse=True) and len(set(rows)) == 4
+    # SDPA's 603 TFLOP/s at d = 128 with 128-row tiles needs 603e12 / 128 bytes a second from L2: 4.7 TB/s
+    ledger = cost.score_ledger(cost.gpu("H100"), 128, tiles=(128, 64))
+    assert ledger.l2_bytes_per_s(603) == pytest.approx(603e12 / 128)
+    assert 4.7e12 < ledger.l2_bytes_per_s(603) < 4.72e12
+    with pytest.raises(ValueError, match="tiles"):
+        cost.score_ledger(cost.gpu("H100"), 128).l2_bytes_per_s(603)
+    with pytest.raises(TypeError, match="tiles"):
+        cost.score_ledger(cost.gpu("H100"), 128, tiles=[128, 64])
+    with pytest.raises(ValueError, match="tiles"):
+        cost.score_ledger(cost.gpu("H100"), 128, tiles=(128, 0))
