@@ -265,7 +265,7 @@ def test_every_model_tools_train_models_writes_is_stored():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     names = set(module.recipes())
-    assert names == {f"induction-seed{s}" for s in SEEDS} | {"lookup-plain", "lookup-sink"}
+    assert names == {f"induction-seed{s}" for s in SEEDS} | {"lookup-plain", "lookup-sink", "prose"}
     assert {p.stem for p in trained.WEIGHTS.glob("*.pt")} == names
 
 
