@@ -17,7 +17,7 @@ help:
 	@echo "make test       lint, library tests, strict nbval over every chapter and the guide (twice: on this CPU's"
 	@echo "                arithmetic and on another), the book build, the browser check (with axe-core from npm)"
 	@echo "make notebooks  re-run every chapter and the guide, storing their outputs (after changing one or the library)"
-	@echo "make models     retrain the models chapters 10 and 12 load (lib/weights/), after changing a recipe in lib/trained.py"
+	@echo "make models     retrain the models chapters 11 and 13 load (lib/weights/), after changing a recipe in lib/trained.py"
 	@echo "make colab      rewrite the Colab editions in colab/chapters and colab/guide (after make notebooks)"
 	@echo "make student    rewrite the student editions in student/chapters and the graded-exercise table (after make colab)"
 	@echo "make grade SUBMISSIONS=dir   run and score a folder of handed-in student notebooks"

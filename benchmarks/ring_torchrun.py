@@ -1,4 +1,4 @@
-"""Ring and all-to-all attention across real ranks, checked against attention on one device (chapter 11).
+"""Ring and all-to-all attention across real ranks, checked against attention on one device (chapter 12).
 
 For readers with two or more GPUs (NCCL, one GPU a rank):
 

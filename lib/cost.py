@@ -1,6 +1,6 @@
 """What attention costs on a named machine: operations, bytes moved, and the time each one's rate allows.
 
-A small cost model shared by chapters 7 to 11. Nothing here times anything: these are counts and datasheet rates,
+A small cost model shared by chapters 7 to 12. Nothing here times anything: these are counts and datasheet rates,
 so every figure they give is a prediction, and the chapters say so where they print one. Shapes follow
 :mod:`lib.attention`: ``L`` queries, ``S`` keys, ``E`` the query/key size, ``Ev`` the value size.
 """
@@ -104,7 +104,7 @@ def _gpu(value, argument):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Decoding (chapter 11): how many pieces to cut a long key cache into, so that one new token keeps a GPU busy.
+# Decoding (chapter 12): how many pieces to cut a long key cache into, so that one new token keeps a GPU busy.
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -120,7 +120,7 @@ def wave_efficiency(programs: int, sms: int) -> float:
 
 def choose_num_splits(programs: int, keys: int, sms: int, *, min_keys: int = 256, max_splits: int = 128,
                       tolerance: float = 0.85) -> int:
-    """How many slices of the keys split-KV decoding should use (chapter 11).
+    """How many slices of the keys split-KV decoding should use (chapter 12).
 
     ``programs`` is how many programs one slice needs (batch · key/value heads · query blocks), ``keys`` the cache
     length S, ``sms`` the GPU's streaming multiprocessors. Rules, in order:
@@ -134,7 +134,7 @@ def choose_num_splits(programs: int, keys: int, sms: int, *, min_keys: int = 256
 
     It is modelled on FlashAttention-2's ``num_splits_heuristic``, simplified: that rule counts two programs per SM
     (it is passed twice the SM count) and stops splitting once the programs fill 80% of them; here ``sms`` is the
-    number of programs that run at once, and splitting stops only when they fill all of it (chapter 11).
+    number of programs that run at once, and splitting stops only when they fill all of it (chapter 12).
     """
     programs, keys, sms = _count("programs", programs), _count("keys", keys, 0), _count("sms", sms)
     min_keys, max_splits = _count("min_keys", min_keys), _count("max_splits", max_splits)
@@ -324,7 +324,7 @@ def ledger_ceilings(gpu: GPU, d: int, n: int = 4096, f2fp_slots: float = 2) -> t
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapters 7 and 10: counting attention, a transformer's forward pass, and the decode step on the roofline
+# Chapters 7, 10 and 11: counting attention, a transformer's forward pass, and the decode step on the roofline
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -541,7 +541,7 @@ def _read_weights(shape):
 
 
 def decode_step(shape, context, *, batch=1, bytes_per_number=2):
-    """FLOPs and bytes of one decode step: ``batch`` new tokens, each after ``context`` cached ones (chapter 10).
+    """FLOPs and bytes of one decode step: ``batch`` new tokens, each after ``context`` cached ones (chapter 11).
 
     Bytes: every layer matrix and the output read-out read once for the whole batch (the input embedding reads
     only ``batch`` rows, left out), plus each sequence's KV cache of ``context`` tokens. FLOPs: 2 per weight per
@@ -560,7 +560,7 @@ def decode_step(shape, context, *, batch=1, bytes_per_number=2):
 
 
 def decode_attention_intensity(n_heads, n_kv_heads, bytes_per_number=2):
-    """FLOPs per byte of cache in a decode step's attention: 2·H / (Hkv · bytes), g = H/Hkv at 2 bytes (chapter 10).
+    """FLOPs per byte of cache in a decode step's attention: 2·H / (Hkv · bytes), g = H/Hkv at 2 bytes (chapter 11).
 
     Each cached token's key and value (2·Hkv·d_head numbers) serve H queries of 4·d_head FLOPs. Batching does
     not raise it: every sequence reads its own cache.
@@ -571,7 +571,7 @@ def decode_attention_intensity(n_heads, n_kv_heads, bytes_per_number=2):
 
 def decode_memory_bytes(shape, context, *, batch=1, bytes_per_number=2):
     """Bytes a decoding set-up keeps in GPU memory at least: every parameter, and ``batch`` KV caches of
-    ``context`` tokens (chapter 10). Activations, workspace and the framework's own reserve come on top."""
+    ``context`` tokens (chapter 11). Activations, workspace and the framework's own reserve come on top."""
     shape = _model(shape, "shape")
     context, batch = _count("context", context, 0), _count("batch", batch)
     bytes_per_number = _bytes_per_number(bytes_per_number)
@@ -580,14 +580,14 @@ def decode_memory_bytes(shape, context, *, batch=1, bytes_per_number=2):
 
 
 def decode_fits(shape, device, context, *, batch=1, bytes_per_number=2):
-    """Whether :func:`decode_memory_bytes` fits in the GPU's memory, ``gpu(device).hbm_bytes`` (chapter 10)."""
+    """Whether :func:`decode_memory_bytes` fits in the GPU's memory, ``gpu(device).hbm_bytes`` (chapter 11)."""
     need = decode_memory_bytes(shape, context, batch=batch, bytes_per_number=bytes_per_number)
     return need <= _gpu(device, "device").hbm_bytes
 
 
 def max_decode_batch(shape, device, context, *, bytes_per_number=2):
     """The largest batch whose weights and KV caches of ``context`` tokens fit in the GPU's memory; 0 when not
-    even the weights and one cache do (chapter 10)."""
+    even the weights and one cache do (chapter 11)."""
     shape, device = _model(shape, "shape"), _gpu(device, "device")
     context = _count("context", context, 0)
     bytes_per_number = _bytes_per_number(bytes_per_number)
@@ -601,7 +601,7 @@ def max_decode_batch(shape, device, context, *, bytes_per_number=2):
 
 
 def decode_tokens_per_s(shape, device, context, *, batch=1, bytes_per_number=2):
-    """The roofline's upper bound on tokens generated per second, all ``batch`` sequences together (chapter 10).
+    """The roofline's upper bound on tokens generated per second, all ``batch`` sequences together (chapter 11).
 
     A prediction from datasheet rates: a real server also pays for kernel launches, the softmax, sampling and
     whatever the kernels leave unused of the bandwidth. A set-up that cannot run is refused with a ValueError
@@ -651,7 +651,7 @@ def kv_cache_bytes(n_layers, n_kv_heads, d_head, n_tokens, bytes_per_number, bat
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapter 12: what the variants of the formula cache and score. A sliding window caps the cache of its layers at
+# Chapter 13: what the variants of the formula cache and score. A sliding window caps the cache of its layers at
 # `window` tokens and a row's scores at `window`; latent attention caches one latent and one rotary key per token
 # for all heads; linear attention keeps a fixed state. Counts, not measurements.
 # --------------------------------------------------------------------------------------------------------------
@@ -697,7 +697,7 @@ def linear_state_bytes(n_layers, n_heads, d_head, d_v, bytes_per_number):
     return _whole(n_layers * n_heads * (d_head * d_v + d_head) * _bytes_per_number(bytes_per_number))
 
 
-# Published configurations (each model's config.json on the Hugging Face Hub, and the papers cited in chapter 12).
+# Published configurations (each model's config.json on the Hugging Face Hub, and the papers cited in chapter 13).
 # MHA, GQA and MQA are the same cache with as many key/value heads as query heads, a few, or one; "as MHA" is what
 # DeepSeek-V3's 128 heads would cache as keys and values of 128 numbers each, the comparison DeepSeek-V2's paper
 # makes (its keys are in fact 128 + 64 wide: the cost of MHA is, if anything, understated).

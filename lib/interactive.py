@@ -24,9 +24,9 @@ and strict nbval compares it like any output.
     mask_alignment         ch. 5   L, S and the causal alignment: which keys each query sees; an empty row gives 0
     online_softmax         ch. 7   a step slider: the running max, sum and output after each block of keys
     tile_roofline          ch. 8   radio buttons pick the query tile: HBM bytes and the point on the roofline
-    head_ablation          ch. 10  a checkbox per head: the attention maps and accuracy with those heads ablated
-    ring_steps             ch. 11  a step slider: which key block each rank holds and the causal tiles it computes
-    sliding_window         ch. 12  a window slider: the band mask and the weights under it
+    head_ablation          ch. 11  a checkbox per head: the attention maps and accuracy with those heads ablated
+    ring_steps             ch. 12  a step slider: which key block each rank holds and the causal tiles it computes
+    sliding_window         ch. 13  a window slider: the band mask and the weights under it
 """
 
 from __future__ import annotations
@@ -583,11 +583,11 @@ def tile_roofline(n=4096, d=64, *, tiles=(16, 32, 64, 128, 256), gpu="H100", byt
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# chapter 10: ablating heads
+# chapter 11: ablating heads
 
 
 def head_ablation(model, tokens, *, example=0, scored=None, length=16):
-    """Chapter 10: a checkbox per head of a :class:`lib.model.TinyLM`; maps and accuracy without them.
+    """Chapter 11: a checkbox per head of a :class:`lib.model.TinyLM`; maps and accuracy without them.
 
     For every subset of the model's heads (at most 6 heads in all, so at most 64 subsets) the heads are mean-ablated
     through each attention module's ``ablated`` set (the model's ``fit_head_means`` must have stored the means
@@ -661,11 +661,11 @@ def head_ablation(model, tokens, *, example=0, scored=None, length=16):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# chapter 11: the ring's schedule, step by step
+# chapter 12: the ring's schedule, step by step
 
 
 def ring_steps(N=1024, world_size=4, *, tile=64, layouts=("contiguous", "zigzag")):
-    """Chapter 11: at ring step s, rank r holds the key block of rank (r - s) mod P and computes its causal tiles.
+    """Chapter 12: at ring step s, rank r holds the key block of rank (r - s) mod P and computes its causal tiles.
 
     A step slider and radio buttons for the layout. Each cell (rank, key block) is filled once the step that brings
     that block has run, and shows the tiles :func:`lib.ring.causal_tile_counts` counts for it; the text gives each
@@ -711,11 +711,11 @@ def ring_steps(N=1024, world_size=4, *, tile=64, layouts=("contiguous", "zigzag"
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# chapter 12: a sliding window
+# chapter 13: a sliding window
 
 
 def sliding_window(n=12, *, d=4, seed=0, windows=None):
-    """Chapter 12: causal attention limited to the last w keys (j in (i - w, i]), for each window w.
+    """Chapter 13: causal attention limited to the last w keys (j in (i - w, i]), for each window w.
 
     A slider sets w from 1 to n (``windows``: its evenly spaced positions). The band is the causal mask of
     :func:`lib.attention.causal_mask` without the keys w or more positions back; the weights are

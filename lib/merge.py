@@ -1,4 +1,4 @@
-"""The attention state (out, lse) of a block of keys, and the one merge that combines such states (chapter 11).
+"""The attention state (out, lse) of a block of keys, and the one merge that combines such states (chapter 12).
 
 Chapter 7's online softmax keeps, for each query row, a running maximum m, a running total l of exp(score - m) and
 an accumulator of exp(score - m) v. Divide the accumulator by l and fold m and l into one number, the row's
@@ -48,7 +48,7 @@ def _lse_dtype(ops, dtype):
 
 
 def attention_state(q, k, v, mask=None, *, causal=False, scale=None, key_padding_mask=None, axes="bhsd"):
-    """The attention state of q over the keys k, v: (out (..., L, Ev), lse (..., L)) (chapter 11).
+    """The attention state of q over the keys k, v: (out (..., L, Ev), lse (..., L)) (chapter 12).
 
     ``out`` is attention(q, k, v) over these keys alone, in the caller's dtype; ``lse`` is each row's natural-log
     logsumexp of its allowed scores, log sum_j exp(score_j), in float32 for half-precision input and the caller's
@@ -129,7 +129,7 @@ def _check_states(states, axes="bhsd"):
 
 
 def merge_states(states, *, axes="bhsd"):
-    """Merge attention states over disjoint sets of keys into the state over all of them (chapter 11).
+    """Merge attention states over disjoint sets of keys into the state over all of them (chapter 12).
 
     ``states`` is an iterable of pairs (out (..., L, Ev), lse (..., L)) as :func:`attention_state` returns; any
     order and grouping give the same result, since a merged state is a state again. The new lse is a

@@ -1,6 +1,6 @@
 """A decoder you can run: rotary attention, a pre-norm residual block, a tiny language model, and ``generate``.
 
-Chapter 10 builds these from the library's parts: the heads of :class:`lib.nn.TorchMultiHeadAttention`, the
+Chapter 11 builds these from the library's parts: the heads of :class:`lib.nn.TorchMultiHeadAttention`, the
 rotary positions of :mod:`lib.positions`, and one :class:`lib.decoding.KVCache` per layer. The language model is
 causal (a decoder), so a new token's keys and values never change once computed and decoding with a cache gives the
 same logits as running the whole sequence again; :func:`generate` does either, and the tests check that they agree.
@@ -200,7 +200,7 @@ class CausalSelfAttention(SelfAttention):
 
 @dataclass(frozen=True)
 class Ablations:
-    """A score with every single head and every whole layer ablated in turn (chapter 10).
+    """A score with every single head and every whole layer ablated in turn (chapter 11).
 
     ``intact`` is the score of the model as trained; ``heads[i][h]`` the score with head h of attention layer i
     ablated; ``layers[i]`` with every head of layer i ablated. ``kind`` is "mean" or "resample".
@@ -278,7 +278,7 @@ class HeadAblation:
 
 
 def head_ablations(model, score, *, source=None):
-    """:class:`Ablations`: ``score(model)`` intact, with each head, and with each whole layer ablated (chapter 10).
+    """:class:`Ablations`: ``score(model)`` intact, with each head, and with each whole layer ablated (chapter 11).
 
     ``score`` is any function of the model (an accuracy, a pair of them); ``source`` as in
     :meth:`HeadAblation.ablate` (None: mean ablation, which needs ``fit_head_means`` first).
@@ -301,7 +301,7 @@ def head_ablations(model, score, *, source=None):
 
 
 class MLP(nn.Module):
-    """The feed-forward half of a block: Linear(D, d_ff), GELU, Linear(d_ff, D), applied to each token (chapter 10)."""
+    """The feed-forward half of a block: Linear(D, d_ff), GELU, Linear(d_ff, D), applied to each token (chapter 11)."""
 
     def __init__(self, d_model, d_ff, *, device=None, dtype=None):
         super().__init__()
@@ -313,7 +313,7 @@ class MLP(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """A pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x)) (chapter 10).
+    """A pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x)) (chapter 11).
 
     Pre-norm (the norm inside the branch, as GPT-2 and Llama place it) leaves the residual stream an exact sum of
     what every branch wrote, which makes it easy to read one layer's contribution to another's input (heads
@@ -342,7 +342,7 @@ class DecoderBlock(nn.Module):
 
 
 class TinyLM(HeadAblation, nn.Module):
-    """A decoder-only language model: tokens (B, L) -> next-token logits (B, L, V) (chapter 10).
+    """A decoder-only language model: tokens (B, L) -> next-token logits (B, L, V) (chapter 11).
 
     Token embedding, ``n_layers`` :class:`DecoderBlock`, a final LayerNorm and a linear read-out to the
     vocabulary. Positions enter only through RoPE in every attention layer. With ``caches`` (one
@@ -416,7 +416,7 @@ def _padding(tokens, caches, attention_mask):
 
 
 class TwoCopies(HeadAblation, nn.Module):
-    """The positional task's model: digits (B, n) -> logits (B, n, V) for two answers, and the weights (chapter 10).
+    """The positional task's model: digits (B, n) -> logits (B, n, V) for two answers, and the weights (chapter 11).
 
     At every position i the model names the digit at the mirrored position n - 1 - i and the one at i - 1 (the
     last for i = 0). Token embeddings plus learned position embeddings (``positions=False`` leaves them out),

@@ -1,4 +1,4 @@
-"""A paged key-value cache: fixed-size pages in a shared pool, and a block table per sequence (chapter 11).
+"""A paged key-value cache: fixed-size pages in a shared pool, and a block table per sequence (chapter 12).
 
 :class:`lib.decoding.KVCache` reserves ``capacity`` rows for one sequence up front: a server that does not know
 how long each answer will be either reserves the longest for everyone, and wastes most of it, or copies caches as

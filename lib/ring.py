@@ -1,4 +1,4 @@
-"""Attention across processes (chapter 11): ring attention and all-to-all ("Ulysses") on ``torch.distributed``.
+"""Attention across processes (chapter 12): ring attention and all-to-all ("Ulysses") on ``torch.distributed``.
 
 A sequence of N tokens is split over the P ranks of a process group; each rank holds one shard of n = N/P query,
 key and value rows, q (..., n, E), k (..., n, E), v (..., n, Ev), and gets back the attention output of its own
@@ -14,7 +14,7 @@ queries over all N keys, (..., n, Ev). The same code runs on gloo (CPU processes
 Layouts say which tokens a rank holds. ``"contiguous"``: rank r holds tokens [r n, (r+1) n). ``"zigzag"``: the
 sequence is cut into 2P chunks and rank r holds chunks r and 2P-1-r, so with a causal mask every rank has the same
 work. :func:`shard` and :func:`unshard` convert between a whole sequence and its shards. :func:`launch` starts P
-worker processes from a script or a notebook, and :func:`run_cases` is the worker that chapter 11 and the tests
+worker processes from a script or a notebook, and :func:`run_cases` is the worker that chapter 12 and the tests
 give it. :func:`sent_bytes_per_rank` is the formula for the bytes each scheme sends, grouped-query heads included
 (:func:`sent_bytes_per_layer` for a model's configuration), which :func:`bytes_sent` counts as they go;
 :func:`causal_tile_counts` counts the causal work of each rank at each step, and :func:`hiding_block` predicts how
@@ -325,7 +325,7 @@ def _positive_int(name, n):
 
 def sent_bytes_per_rank(scheme, N, world_size, *, batch_heads, E, Ev=None, batch_kv_heads=None, itemsize=4,
                         backward=False):
-    """Bytes one rank sends in one call of ``scheme`` ("ring" or "ulysses"), from the formula (chapter 11).
+    """Bytes one rank sends in one call of ``scheme`` ("ring" or "ulysses"), from the formula (chapter 12).
 
     N tokens over P ranks, n = N/P a rank. ``batch_heads`` is the product of q's batch dims (batch x query heads),
     ``batch_kv_heads`` that of k's and v's (batch x key/value heads; with grouped-query attention G times fewer;
@@ -387,7 +387,7 @@ NVLINK_BYTES_PER_S = {"H100": 450e9, "H200": 450e9, "A100": 300e9}
 
 
 def hiding_block(gpu_name, *, group=1, flops_per_s=None, backward=False):
-    """Tokens per rank above which a ring step's compute outlasts its transfer (chapter 11): a prediction.
+    """Tokens per rank above which a ring step's compute outlasts its transfer (chapter 12): a prediction.
 
     One forward step, per key/value head: the block's attention for its G = ``group`` query heads, 4 G n² E FLOPs
     on the tensor cores (two matrix products, no mask), against passing its keys and values on, 2 n E numbers of 2
@@ -674,7 +674,7 @@ class _HeadsToSeq(torch.autograd.Function):
 
 
 def ulysses_attention(q, k, v, *, causal=False, scale=None, group=None, axes="bhsd"):
-    """Attention over the whole sequence by re-sharding heads with two all-to-alls ("Ulysses", chapter 11).
+    """Attention over the whole sequence by re-sharding heads with two all-to-alls ("Ulysses", chapter 12).
 
     q (..., H, n, E), k (..., Hkv, n, E), v (..., Hkv, n, Ev): this rank's contiguous shard of the sequence for
     all heads, H and Hkv multiples of the group's size P (Hkv = H, or Hkv dividing H for grouped-query heads:
@@ -849,7 +849,7 @@ def launch(fn, world_size, *args, timeout=60.0, backend="gloo"):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# A worker that checks both schemes (chapter 11 and the tests run it)
+# A worker that checks both schemes (chapter 12 and the tests run it)
 # --------------------------------------------------------------------------------------------------------------
 
 

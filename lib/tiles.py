@@ -45,7 +45,7 @@ def _check_block(block_size):
 
 
 def _check_window(window, causal):
-    """None, or the window as an int: a sliding window needs the causal pattern it slides along (chapter 12)."""
+    """None, or the window as an int: a sliding window needs the causal pattern it slides along (chapter 13)."""
     if window is None:
         return None
     if isinstance(window, bool) or not isinstance(window, numbers.Integral):
@@ -60,7 +60,7 @@ def _check_window(window, causal):
 
 def _key_range(rows, bk, S, causal, window):
     """The starts of the key blocks a block of query rows visits: none wholly in the causal future of its last
-    row, and, with a sliding window, none wholly older than the window of its first row (chapter 12)."""
+    row, and, with a sliding window, none wholly older than the window of its first row (chapter 13)."""
     lo = 0 if window is None else max(0, rows.start + causal - window + 1) // bk * bk
     hi = S if causal is None else min(S, rows.stop + causal)  # the last row sees keys j <= rows.stop - 1 + causal
     return range(lo, max(lo, hi), bk)
@@ -117,7 +117,7 @@ def _tile_causal(ops, causal, rows, cols, like, window=None):
     """The causal pattern of a tile that crosses the diagonal (or the window's edge), else None (wholly allowed).
 
     ``causal`` is None or the offset of the diagonal: key j is allowed for query i when j <= i + causal, and with
-    a ``window`` also when j > i + causal - window (chapter 12)."""
+    a ``window`` also when j > i + causal - window (chapter 13)."""
     allowed = None
     if causal is not None and cols.stop - 1 > rows.start + causal:
         allowed = _causal_pattern(ops, range(rows.start, rows.stop), range(cols.start, cols.stop), like, causal)
@@ -199,7 +199,7 @@ def tiled_attention(q, k, v, mask=None, *, causal=False, scale=None, block_size=
 
     ``window`` (with ``causal``) is a sliding window: query i sees only the last ``window`` keys up to its own
     position, i + offset - window < j <= i + offset, and key blocks wholly outside every row's window are never
-    visited, so the work grows like L × window, not L × S (:func:`tile_count`; chapter 12).
+    visited, so the work grows like L × window, not L × S (:func:`tile_count`; chapter 13).
     """
     ops, q, k, v, mask, scale, out_dtype, batch, L, S = _prepare(q, k, v, mask, scale,
                                                                  key_padding_mask=key_padding_mask)

@@ -1,4 +1,4 @@
-"""The small models chapters 10 and 12 train, their recipes, and their weights stored with the course.
+"""The small models chapters 11 and 13 train, their recipes, and their weights stored with the course.
 
 Training on a CPU repeats exactly on one machine (one thread, deterministic algorithms), but not across machines:
 the vector width and the matrix kernels torch picks for a CPU (AVX2, AVX-512, Arm's NEON) change the order of
@@ -23,7 +23,8 @@ from torch.nn import functional as F
 from lib.model import TinyLM
 from lib.variants import lookup_batch, masked_forward
 
-__all__ = ["INDUCTION", "LOOKUP", "WEIGHTS", "load", "repeat_batch", "save", "train_induction", "train_lookup"]
+__all__ = ["INDUCTION", "LOOKUP", "PROSE", "WEIGHTS", "encode", "load", "prose_alphabet", "prose_batch", "prose_model",
+           "prose_split", "prose_text", "repeat_batch", "save", "train_induction", "train_lookup", "train_prose"]
 
 WEIGHTS = pathlib.Path(__file__).resolve().parent / "weights"
 
@@ -67,7 +68,7 @@ def load(name, model):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapter 10: induction heads. A segment of m distinct tokens (3 <= m <= 8) out of 20, the same segment again, then
+# Chapter 11: induction heads. A segment of m distinct tokens (3 <= m <= 8) out of 20, the same segment again, then
 # filler, 16 tokens in all; the model is scored inside the repeat, where the next token is determined.
 # --------------------------------------------------------------------------------------------------------------
 
@@ -112,7 +113,77 @@ def train_induction(seed, steps=INDUCTION["steps"]):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapter 12: the lookup task (lib.variants.lookup_batch), with and without a learned sink logit per head.
+# Chapter 11: a character model of English. The text is the course's own prose (the Markdown of chapters 1 to 9,
+# with code, formulas, markup and links' targets removed, lower case), stored as lib/weights/prose.txt so that the
+# recipe reads the same characters on every machine; the first 90 % trains, the last 10 % is held out.
+# --------------------------------------------------------------------------------------------------------------
+
+PROSE = {"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 256, "context": 64, "batch": 32, "steps": 800}
+
+
+def prose_text():
+    """The stored English text (lower-case letters, space and . , ; : ' ( ) -) as one string."""
+    return (WEIGHTS / "prose.txt").read_text(encoding="utf-8").strip()
+
+
+def prose_alphabet():
+    """The characters of :func:`prose_text`, sorted: token i is ``prose_alphabet()[i]``."""
+    return "".join(sorted(set(prose_text())))
+
+
+def encode(text):
+    """A string of the alphabet's characters as token ids (len(text),); any other character is a ValueError."""
+    alphabet = prose_alphabet()
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    unknown = sorted(set(text) - set(alphabet))
+    if unknown:
+        raise ValueError(f"characters outside the model's alphabet {alphabet!r}: {''.join(unknown)!r}")
+    return torch.tensor([alphabet.index(c) for c in text])
+
+
+def prose_split():
+    """(train, held_out): the text's token ids, its first 90 % and the rest."""
+    ids = encode(prose_text())
+    cut = int(0.9 * len(ids))
+    return ids[:cut], ids[cut:]
+
+
+def prose_batch(ids, gen, size):
+    """``size`` windows of ``context`` + 1 consecutive tokens of ``ids``, at random starts: (size, context + 1)."""
+    T = PROSE["context"]
+    starts = torch.randint(0, len(ids) - T - 1, (size,), generator=gen)
+    return torch.stack([ids[s:s + T + 1] for s in starts.tolist()])
+
+
+def prose_model():
+    """The untrained character model: :class:`TinyLM`, 2 layers of 4 heads, RoPE, an MLP of 256."""
+    c = PROSE
+    return TinyLM(len(prose_alphabet()), c["d_model"], n_layers=c["n_layers"], n_heads=c["n_heads"],
+                  d_ff=c["d_ff"])
+
+
+def train_prose(seed=0, steps=PROSE["steps"]):
+    """Train :func:`prose_model` from seed ``seed``: Adam at 3e-3, fresh windows of
+    64 characters from the training text, batches of 32, next-character loss at
+    every position. Returns the model in eval mode."""
+    torch.manual_seed(seed)
+    model = prose_model()
+    optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
+    data = torch.Generator().manual_seed(100 + seed)
+    train_ids, _ = prose_split()
+    for _ in range(steps):
+        window = prose_batch(train_ids, data, PROSE["batch"])
+        logits = model(window[:, :-1])  # position p predicts character p + 1
+        loss = F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    return model.eval()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapter 13: the lookup task (lib.variants.lookup_batch), with and without a learned sink logit per head.
 # --------------------------------------------------------------------------------------------------------------
 
 LOOKUP = {"n_symbols": 64, "d_model": 32, "n_layers": 2, "n_heads": 2, "steps": 500}

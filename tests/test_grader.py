@@ -4,7 +4,7 @@ First on a tiny book whose chapter has two graded exercises, one answered in wor
 graded: each rule of the edition, and the grader against official, untouched, broken, tampered, gutted and
 endless notebooks. Then on every chapter without running it: each solution is stubbed, each grading cell kept, no
 solution text left, student/ and the instructors' table current. Last, the three-way proof on two real chapters,
-run whole: a NumPy chapter, and chapter 11, whose kernel exercise runs in Triton's interpreter on a CPU.
+run whole: a NumPy chapter, and chapter 12, whose kernel exercise runs in Triton's interpreter on a CPU.
 """
 
 import ast
@@ -24,7 +24,7 @@ import make_student as ms
 mc = ms.mc
 
 # The chapters the three-way proof runs whole: a NumPy chapter, and the chapter with a Triton kernel exercise.
-EXECUTED = ["chapters/04_worked_example.ipynb", "chapters/11_one_merge.ipynb"]
+EXECUTED = ["chapters/04_worked_example.ipynb", "chapters/12_one_merge.ipynb"]
 
 
 def text(cell):

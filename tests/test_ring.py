@@ -181,7 +181,7 @@ def test_bytes_counted_in_the_run_match_the_formula(world):
 
 
 def test_grouped_query_heads_equal_sdpa_and_send_only_the_key_value_heads(world):
-    """Chapter 11's P/(G+1) table, measured: the ring and the all-to-all on two gloo processes with Hkv < H."""
+    """Chapter 12's P/(G+1) table, measured: the ring and the all-to-all on two gloo processes with Hkv < H."""
     cases = world_cases()[6]
     assert_matches_sdpa(cases, world["gqa"], F64)
     check_bytes(cases, world["gqa"], 2)

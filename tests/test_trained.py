@@ -1,4 +1,4 @@
-"""The stored models of chapters 10 and 12 and the recipes that make them (lib.trained).
+"""The stored models of chapters 11 and 13 and the recipes that make them (lib.trained).
 
 The chapters load weights trained once, so that every machine prints the same figures. These tests train the same
 recipes afresh on whatever CPU runs them and check what the chapters claim of the result, with the chapters' own
@@ -28,12 +28,12 @@ def _one_thread():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapter 10: induction heads
+# Chapter 11: induction heads
 # --------------------------------------------------------------------------------------------------------------
 
 
 def induction_claims(model):
-    """The failures of chapter 10's claims on one induction model: an empty list when it meets them all."""
+    """The failures of chapter 11's claims on one induction model: an empty list when it meets them all."""
     tokens, scored, m = trained.repeat_batch(torch.Generator().manual_seed(7), 1000)
     N = tokens.shape[1]
 
@@ -76,7 +76,7 @@ def fresh_inductors():
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_the_induction_recipe_meets_chapter_10s_claims_on_this_machine(fresh_inductors, seed):
+def test_the_induction_recipe_meets_chapter_11s_claims_on_this_machine(fresh_inductors, seed):
     assert induction_claims(fresh_inductors[seed]) == []
 
 
@@ -98,10 +98,75 @@ def test_a_model_trained_too_briefly_fails_the_claims():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapter 12: the lookup task, with and without learned sinks
+# Chapter 11: a character model of the course's prose, and its previous-character head
 # --------------------------------------------------------------------------------------------------------------
 
-W = 8  # the window chapter 12 keeps
+SENTENCE = "every query asks which of the earlier letters matter."  # the chapter's sentence
+
+
+def prose_claims(model, threshold=0.5):
+    """The failures of chapter 11's claims on a prose model: it has learned the held-out text, and its head with
+    the largest previous-character share puts its largest weight one character back in at least ``threshold`` of
+    the rows, on held-out text and on the chapter's sentence."""
+    _, held_ids = trained.prose_split()
+    held = trained.prose_batch(held_ids, torch.Generator().manual_seed(3), 256)
+    with torch.no_grad():
+        logits, maps = model(held[:, :-1], return_weights=True)
+        _, sentence_maps = model(trained.encode(SENTENCE)[None], return_weights=True)
+    failed = []
+    loss = F.cross_entropy(logits.flatten(0, 1), held[:, 1:].flatten()).item()
+    if loss > 0.5 * torch.log(torch.tensor(float(len(trained.prose_alphabet())))).item():
+        failed.append(f"held-out loss {loss:.2f}: not below half of uniform guessing")
+    p = torch.arange(1, held.shape[1] - 1)
+    shares = torch.stack([m[:, :, p, p - 1].mean(dim=(0, 2)) for m in maps])  # (layers, heads)
+    layer, head = divmod(shares.argmax().item(), shares.shape[1])
+    held_back = (maps[layer][:, head, p].argmax(-1) == p - 1).float().mean().item()
+    q = torch.arange(1, len(SENTENCE))
+    sentence_back = (sentence_maps[layer][0, head, q].argmax(-1) == q - 1).float().mean().item()
+    for where, share in (("held-out text", held_back), ("the sentence", sentence_back)):
+        if share < threshold:
+            failed.append(f"layer {layer + 1} head {head} peaks one back in {share:.2f} of the rows of {where}")
+    return failed
+
+
+def test_the_prose_text_is_the_chapters_alphabet_and_the_sentence_is_not_in_it():
+    text = trained.prose_text()
+    assert len(text) > 100_000 and set(text) == set(trained.prose_alphabet())
+    assert SENTENCE not in text
+    assert trained.encode("ab").tolist() == [trained.prose_alphabet().index(c) for c in "ab"]
+    with pytest.raises(ValueError, match="outside the model's alphabet"):
+        trained.encode("Attention")
+    with pytest.raises(TypeError, match="must be a str"):
+        trained.encode(b"abc")
+
+
+def test_the_prose_recipe_meets_chapter_11s_claims_on_this_machine():
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert prose_claims(trained.train_prose()) == []
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_the_stored_prose_model_meets_the_same_claims():
+    model, extra = trained.load("prose", trained.prose_model())
+    assert extra == {} and not model.training
+    assert prose_claims(model) == []
+
+
+def test_a_prose_model_trained_too_briefly_fails_the_claims():
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert prose_claims(trained.train_prose(steps=30)) != []
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Chapter 13: the lookup task, with and without learned sinks
+# --------------------------------------------------------------------------------------------------------------
+
+W = 8  # the window chapter 13 keeps
 
 
 def lookup_figures(model, sinks=None):
@@ -132,7 +197,7 @@ def lookup_figures(model, sinks=None):
 
 
 def lookup_claims(plain, sink_model, sinks):
-    """The failures of chapter 12's claims on a plain and a learned-sink lookup model."""
+    """The failures of chapter 13's claims on a plain and a learned-sink lookup model."""
     (whole, window, with_sink), on_first, no_value, none_share = lookup_figures(plain)
     failed = []
     if not whole > none_share + 0.05:
@@ -155,7 +220,7 @@ def lookup_claims(plain, sink_model, sinks):
     return failed
 
 
-def test_the_lookup_recipe_meets_chapter_12s_claims_on_this_machine():
+def test_the_lookup_recipe_meets_chapter_13s_claims_on_this_machine():
     torch.use_deterministic_algorithms(True)
     try:
         plain, _ = trained.train_lookup(learned_sink=False)
@@ -200,7 +265,7 @@ def test_every_model_tools_train_models_writes_is_stored():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     names = set(module.recipes())
-    assert names == {f"induction-seed{s}" for s in SEEDS} | {"lookup-plain", "lookup-sink"}
+    assert names == {f"induction-seed{s}" for s in SEEDS} | {"lookup-plain", "lookup-sink", "prose"}
     assert {p.stem for p in trained.WEIGHTS.glob("*.pt")} == names
 
 

@@ -1,4 +1,4 @@
-"""lib.variants (chapter 12) against independent references: SDPA with an explicit mask where one applies, loops
+"""lib.variants (chapter 13) against independent references: SDPA with an explicit mask where one applies, loops
 written out here where none does, and the counts of lib.cost against the masks and tensors they count."""
 
 import math

@@ -1,4 +1,4 @@
-"""Sliding-window attention in the tiled and Triton kernels (chapter 12): the ``window`` argument of
+"""Sliding-window attention in the tiled and Triton kernels (chapter 13): the ``window`` argument of
 ``lib.tiles.tiled_attention`` and ``lib.flash.flash_attention``, forward and backward, against SDPA with the band
 mask as the oracle.
 

@@ -106,9 +106,10 @@ CHAPTERS = {
     7: ("What attention costs, and the way out", (5,), (5, 1)),
     8: ("What a score costs on a GPU", (7,), (6, 1)),
     9: ("FlashAttention in Triton", (8,), (7, 1)),
-    10: ("From one head to a model", (6, 7), (6, 0)),
-    11: ("One merge across programs, ranks and pages", (9, 10), (8, 1)),
-    12: ("Variants of the formula", (10,), (8, 0)),
+    10: ("Heads, positions and the cache", (6, 7), (6, 0)),
+    11: ("A model: decoding cost and what heads do", (8, 10), (7, 0)),
+    12: ("One merge across programs, ranks and pages", (9, 11), (8, 1)),
+    13: ("Variants of the formula", (11,), (8, 0)),
 }
 GUIDE = ("guide/debugging", "Field guide: silent bugs", (1, 1))
 WIDTH, LANE, GAP, ROW, BOX = 560, 260, 20, 82, 66  # the drawing's units: px at its natural size
@@ -274,7 +275,7 @@ def caption(boxes):
             f"{PACE['output_lines']} lines a minute, a minute for each figure, {PACE['interactive']:.0f} for each "
             f"interactive figure and half a minute for each display formula; folded checks, asides and solutions "
             f"are not counted: {total}. After chapter 7 the book forks: chapters 8 and 9 go onto the GPU, chapters "
-            "10 and 12 into a model, and chapter 11 needs both. With two evenings, take the short path (its boxes "
+            "10, 11 and 13 into a model, and chapter 12 needs both. With two evenings, take the short path (its boxes "
             f"say so): chapters {_chapters(numbers)} and the field guide, about {short_hours:.1f} hours, which "
             "covers what attention computes, why it is scaled, its masks and what it costs.")
 

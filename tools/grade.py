@@ -4,7 +4,7 @@ graded exercise.
 Usage: python tools/grade.py SUBMISSIONS [--timeout 900] [--cell-timeout 600] [--csv scores.csv]
        (`make grade SUBMISSIONS=dir` runs it)
 
-SUBMISSIONS holds one folder per student (`alice/11_one_merge.ipynb`, ...) or notebooks named
+SUBMISSIONS holds one folder per student (`alice/12_one_merge.ipynb`, ...) or notebooks named
 `<student>_NN_slug.ipynb` (or `<student>/<anything>.ipynb`: the chapter is read from the notebook's
 `student_edition` metadata, which tools/make_student.py writes). Each notebook is graded thus:
 - its grading cells are replaced by the official ones, generated afresh from chapters/ (tools/make_student.py), so an
@@ -39,7 +39,7 @@ import make_student as ms
 @dataclasses.dataclass
 class Result:
     student: str
-    chapter: str  # the chapter's document name, chapters/11_one_merge
+    chapter: str  # the chapter's document name, chapters/12_one_merge
     label: str  # the chapter's number, from its file name: "11"
     scores: dict[int, int]  # exercise number -> 1 or 0
     reasons: dict[int, str]  # exercise number -> why it scored 0
@@ -59,7 +59,7 @@ class Official:
         doc = nb.get("metadata", {}).get("student_edition", {}).get("chapter")
         if doc in self.by_doc:
             return doc
-        for candidate in self.by_doc:  # by file name: alice_11_one_merge.ipynb, 11_one_merge.ipynb
+        for candidate in self.by_doc:  # by file name: alice_12_one_merge.ipynb, 12_one_merge.ipynb
             if path.stem.endswith(candidate.rsplit("/", 1)[-1]):
                 return candidate
         raise ValueError(f"{path}: cannot tell which chapter this is (no student_edition metadata, no chapter name)")

@@ -1,4 +1,4 @@
-"""Train the models chapters 10 and 12 load, with lib.trained's recipes, and store their weights in lib/weights/.
+"""Train the models chapters 11 and 13 load, with lib.trained's recipes, and store their weights in lib/weights/.
 
     python tools/train_models.py              # every model
     python tools/train_models.py induction    # those whose name starts so
@@ -25,6 +25,7 @@ def recipes():
     """name -> a zero-argument call returning (model, extra tensors to store beside it)."""
     found = {f"induction-seed{seed}": (lambda seed=seed: (trained.train_induction(seed), {}))
              for seed in range(trained.INDUCTION["seeds"])}
+    found["prose"] = lambda: (trained.train_prose(), {})
     found["lookup-plain"] = lambda: (trained.train_lookup(learned_sink=False)[0], {})
 
     def with_sink():
