@@ -14,6 +14,7 @@ import math
 import os
 import statistics
 import sys
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -201,7 +202,8 @@ def sdpa_backend(q, k, v, causal, grad=False):
     import torch
     import torch.nn.functional as F
 
-    with torch.profiler.profile() as prof, torch.set_grad_enabled(grad):
+    with warnings.catch_warnings(), torch.profiler.profile() as prof, torch.set_grad_enabled(grad):
+        warnings.simplefilter("ignore", UserWarning)  # some torch versions warn that the profiler clears its events
         leaves = [x.detach().requires_grad_(grad) for x in (q, k, v)]
         F.scaled_dot_product_attention(*leaves, is_causal=causal)
     names = [e.name for e in prof.events() if e.name.startswith("aten::_scaled_dot_product")]
