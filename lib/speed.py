@@ -202,12 +202,14 @@ def sdpa_backend(q, k, v, causal, grad=False):
     import torch
     import torch.nn.functional as F
 
-    with warnings.catch_warnings(), torch.profiler.profile() as prof, torch.set_grad_enabled(grad):
-        warnings.simplefilter("ignore", UserWarning)  # some torch versions warn that the profiler clears its events
-        leaves = [x.detach().requires_grad_(grad) for x in (q, k, v)]
-        F.scaled_dot_product_attention(*leaves, is_causal=causal)
-    names = [e.name for e in prof.events() if e.name.startswith("aten::_scaled_dot_product")]
-    names += [e.name for e in prof.events() if e.name.startswith("aten::_") and "attention" in e.name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch 2.11 warns that the profiler clears its events
+        with torch.profiler.profile() as prof, torch.set_grad_enabled(grad):
+            leaves = [x.detach().requires_grad_(grad) for x in (q, k, v)]
+            F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        events = prof.events()
+    names = [e.name for e in events if e.name.startswith("aten::_scaled_dot_product")]
+    names += [e.name for e in events if e.name.startswith("aten::_") and "attention" in e.name]
     return names[0].removeprefix("aten::") if names else "unknown"
 
 
