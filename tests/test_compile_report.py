@@ -160,7 +160,7 @@ MODES = {"causal": ("--causal",), "window": ("--window", "256"), "window-255": (
 
 @functools.cache
 def compiled_in(arch, mode):
-    """lib.flash's kernels on ``arch``, causal or with chapter 12's sliding window: every tile choice, both heads."""
+    """lib.flash's kernels on ``arch``, causal or with chapter 13's sliding window: every tile choice, both heads."""
     return run("--arch", arch, *MODES[mode], "--kernels", *FLASH_KERNELS, "--json")
 
 

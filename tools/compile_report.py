@@ -6,7 +6,7 @@ a GPU (chapter 9): a T4 (sm_75), an A100 (sm_80), an L4 (sm_89) and an H100 (sm_
     python tools/compile_report.py --head 128 --loop     # also the skeleton of each kernel's inner loop
     python tools/compile_report.py --markdown            # the table benchmarks/results.md shows
     python tools/compile_report.py --arch all --json     # every architecture, as JSON
-    python tools/compile_report.py --window 256          # lib.flash with chapter 12's sliding window
+    python tools/compile_report.py --window 256          # lib.flash with chapter 13's sliding window
 
 Each kernel is compiled as Triton's JIT specialises a real launch on that architecture: the wrapper in lib/flash.py
 (or lib/flash_decode.py) is run on "meta" tensors (shapes and strides, no memory) of a contiguous problem in the
@@ -88,7 +88,7 @@ class Launch:
 
 def captured_launches(head, causal, variant, dtype=torch.bfloat16, shape=SHAPE, window=None):
     """{kernel name: Launch} for a forward and a backward pass of lib.flash on a contiguous (Z, L, head) problem
-    (with ``window``, chapter 12's sliding window, which needs ``causal``)."""
+    (with ``window``, chapter 13's sliding window, which needs ``causal``)."""
     Z, L, S = shape["Z"], shape["L"], shape["S"]
     caught = {}
 
