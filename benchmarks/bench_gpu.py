@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from lib import attention as attn
+from lib.speed import gpu_milliseconds, sdpa_backend
 from lib.tiles import tiled_attention
 
 RUNGS = ("first", "+fold-scale", "+delta-kernel", "+atomic-dq", "+tma", "+lpt")  # lib.flash.LADDER, in order
@@ -84,44 +85,18 @@ class Timer:
         self.used = kind if self.cuda else "perf_counter"  # what timed the last call
 
     def __call__(self, fn):
-        self.used = self.kind if self.cuda else "perf_counter"
         if not self.cuda:
+            self.used = "perf_counter"
             start = time.perf_counter()
             fn()
             return (time.perf_counter() - start) * 1e3
-        from triton.testing import do_bench, do_bench_cudagraph
-
-        if self.kind == "graph":
-            try:
-                return do_bench_cudagraph(fn, rep=20 * self.reps, return_mode="median")
-            except Exception as err:  # noqa: BLE001  (any capture failure: say so, time it with do_bench)
-                print(f"    (no CUDA graph: {type(err).__name__}: {str(err)[:80]}; timed with do_bench)")
-                self.used = "bench"
-        if self.kind in ("graph", "bench"):
-            return do_bench(fn, rep=20 * self.reps, return_mode="median")
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end)
+        ms, self.used = gpu_milliseconds(fn, self.kind, self.reps)
+        return ms
 
 
 def flops(B, H, n, d, causal, passes):
     forward = 4 * B * H * n * n * d / (2 if causal else 1)
     return forward * (3.5 if passes == "forward+backward" else 1.0)
-
-
-def sdpa_backend(q, k, v, causal, grad=False):
-    """The name of the aten operator SDPA dispatched to for these inputs (flash, efficient, cudnn or math), at the
-    timed shape, with gradients on when the backward pass is timed."""
-    with torch.profiler.profile() as prof, torch.set_grad_enabled(grad):
-        leaves = [x.detach().requires_grad_(grad) for x in (q, k, v)]
-        F.scaled_dot_product_attention(*leaves, is_causal=causal)
-    names = [e.name for e in prof.events() if e.name.startswith("aten::_scaled_dot_product")]
-    names += [e.name for e in prof.events() if e.name.startswith("aten::_") and "attention" in e.name]
-    return names[0].removeprefix("aten::") if names else "unknown"
 
 
 def task(name, q, k, v, do, causal, passes):

@@ -247,8 +247,9 @@ class Variant:
 DEFAULT = Variant()
 DETERMINISTIC = Variant(atomic_dq=False)
 # The ladder benchmarks/bench_gpu.py climbs: the kernel as first written, then one change at a time. (Asking
-# Triton 3.9 to warp-specialise the key loop, tl.range(..., warp_specialize=True), left this kernel's sm_90 machine
-# code unchanged, so that step is not a rung.)
+# Triton 3.9 to warp-specialise the pointer path's key loop, tl.range(..., warp_specialize=True), left its sm_90
+# machine code unchanged; the +tma loop, which loads through descriptors as that pass wants, has not been tried. So
+# that step is not a rung.)
 LADDER = {
     "first": Variant(fold_scale=False, delta_kernel=False, atomic_dq=False),
     "+fold-scale": Variant(fold_scale=True, delta_kernel=False, atomic_dq=False),

@@ -9,9 +9,12 @@ algorithm: :mod:`lib.attention` and :mod:`lib.tiles` compute the same without it
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import statistics
 import sys
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -151,3 +154,168 @@ def half_dtype(device=None, *, capability=None):
     if device.type != "cuda":
         return torch.float16
     return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Timing on a GPU: lib.flash against PyTorch's fused kernel
+# --------------------------------------------------------------------------------------------------------------
+
+TIMERS = ("graph", "bench", "events")
+
+
+def gpu_milliseconds(fn, timer="graph", reps=10):
+    """The GPU time of one call ``fn()`` in ms, and the timer that took it, as ``(ms, timer)``.
+
+    ``graph``: ``fn`` captured in a CUDA graph and replayed (``triton.testing.do_bench_cudagraph``, the median), so
+    that the host's Python and launch overhead, tens of microseconds, stays out of the figure; a call that cannot be
+    captured is timed by ``bench`` instead. ``bench``: ``triton.testing.do_bench``, CUDA events around each of many
+    calls with the L2 cache flushed between them, the median. ``events``: one call between two CUDA events. Both
+    Triton timers warm up first; call ``fn`` once before anyway, since Triton compiles and tunes on a first call.
+    """
+    import torch
+
+    if timer not in TIMERS:
+        raise ValueError(f"timer must be one of {TIMERS}; got {timer!r}")
+    if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
+        raise ValueError(f"reps must be a positive int; got {reps!r}")
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    if timer == "graph":
+        try:
+            return do_bench_cudagraph(fn, rep=20 * reps, return_mode="median"), "graph"
+        except Exception:  # noqa: BLE001  (any capture failure: time it with do_bench)
+            timer = "bench"
+    if timer == "bench":
+        return do_bench(fn, rep=20 * reps, return_mode="median"), "bench"
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end), "events"
+
+
+def sdpa_backend(q, k, v, causal, grad=False):
+    """The aten operator torch's SDPA dispatches to for these inputs (flash, efficient, cudnn or math), read from
+    the profiler, with gradients on when a backward pass is to be timed, since that can change its choice."""
+    import torch
+    import torch.nn.functional as F
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch 2.11 warns that the profiler clears its events
+        with torch.profiler.profile() as prof, torch.set_grad_enabled(grad):
+            leaves = [x.detach().requires_grad_(grad) for x in (q, k, v)]
+            F.scaled_dot_product_attention(*leaves, is_causal=causal)
+        events = prof.events()
+    names = [e.name for e in events if e.name.startswith("aten::_scaled_dot_product")]
+    names += [e.name for e in events if e.name.startswith("aten::_") and "attention" in e.name]
+    return names[0].removeprefix("aten::") if names else "unknown"
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeedRun:
+    """The forward times of lib.flash's default kernel and of SDPA at one shape on one GPU (chapter 9): median ms
+    each, the machine and the versions. ``ratio`` is the kernel's time over SDPA's; above 1 means slower."""
+
+    device: str
+    torch: str
+    triton: str
+    date: str
+    dtype: str
+    batch: int
+    heads: int
+    n: int
+    d: int
+    causal: bool
+    flash_ms: float
+    sdpa_ms: float
+    sdpa_backend: str
+    timer: str
+
+    @property
+    def ratio(self):
+        return self.flash_ms / self.sdpa_ms
+
+    def lines(self):
+        """The run in three lines of at most 88 characters."""
+        mask = "causal" if self.causal else "not causal"
+        shape = f"batch {self.batch}, {self.heads} heads, n {self.n:,}, d {self.d}, {mask}"
+        times = f"flash_attention {self.flash_ms:.3f} ms, SDPA ({self.sdpa_backend}) {self.sdpa_ms:.3f} ms"
+        return [f"{self.device}, torch {self.torch}, Triton {self.triton}, {self.date}",
+                f"forward, {self.dtype}, {shape}; timer {self.timer}",
+                f"{times}: ratio {self.ratio:.2f}"]
+
+
+def _positive_ints(**sizes):
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int; got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"{name} must be at least 1; got {value}")
+
+
+def flash_against_sdpa(batch=4, heads=16, n=4096, d=64, causal=False, timer="graph", reps=10, rounds=3):
+    """Time lib.flash's forward kernel against torch's SDPA on this machine's GPU, side by side: a ``SpeedRun``.
+
+    Inputs are (batch, heads, n, d) in the half precision this GPU multiplies on its tensor cores (``half_dtype``).
+    Each is checked against SDPA first (that first call also lets Triton compile and tune the kernel), then the two
+    are timed in turn ``rounds`` times (``gpu_milliseconds``, so that drift in clock or temperature touches both),
+    and the median of each is kept. Without a CUDA GPU it raises: there is nothing to time.
+    """
+    import datetime
+
+    import torch
+    import torch.nn.functional as F
+
+    _positive_ints(batch=batch, heads=heads, n=n, d=d, reps=reps, rounds=rounds)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    if timer not in TIMERS:
+        raise ValueError(f"timer must be one of {TIMERS}; got {timer!r}")
+    if not torch.cuda.is_available():
+        raise RuntimeError("flash_against_sdpa times a CUDA GPU, and there is none here")
+    import triton
+
+    from lib import flash
+
+    dtype = half_dtype("cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(batch, heads, n, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+    calls = {"flash": lambda: flash.flash_attention(q, k, v, causal=causal),
+             "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)}
+    times, used = {name: [] for name in calls}, set()
+    with torch.no_grad():
+        torch.testing.assert_close(calls["flash"](), calls["sdpa"](), rtol=2e-2, atol=2e-2)
+        for _ in range(rounds):
+            for name, fn in calls.items():
+                ms, how = gpu_milliseconds(fn, timer, reps)
+                times[name].append(ms)
+                used.add(how)
+    return SpeedRun(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                    date=datetime.date.today().isoformat(), dtype=str(dtype).removeprefix("torch."), batch=batch,
+                    heads=heads, n=n, d=d, causal=causal, flash_ms=statistics.median(times["flash"]),
+                    sdpa_ms=statistics.median(times["sdpa"]),
+                    sdpa_backend=sdpa_backend(q, k, v, causal).removeprefix("_scaled_dot_product_"),
+                    timer="+".join(sorted(used)))
+
+
+def recorded_flash_against_sdpa(path, n=4096, d=64, causal=False, dtype="bfloat16", batch=4, heads=16):
+    """The same comparison as ``flash_against_sdpa``, read from a CSV that ``benchmarks/bench_gpu.py --csv`` wrote
+    (``benchmarks/gpu_results.csv``): the forward rows of SDPA and of the ladder's default rung, ``+atomic-dq``
+    (``lib.flash.DEFAULT``), at this shape. The CSV does not record batch and heads: pass those of the run, by
+    default bench_gpu.py's own, batch 4 and 16 heads. Raises ValueError when the file has no such pair."""
+    import csv
+
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["pass"] == "forward" and r["ms"]
+                and (r["n"], r["d"], r["causal"], r["dtype"]) == (str(n), str(d), str(causal), dtype)]
+    found = {r["impl"]: r for r in rows if r["impl"] in ("sdpa", "+atomic-dq")}
+    if len(found) != 2:
+        raise ValueError(f"{path} has no forward pair of sdpa and +atomic-dq at n {n}, d {d}, causal {causal}, "
+                         f"{dtype}")
+    ours, theirs = found["+atomic-dq"], found["sdpa"]
+    return SpeedRun(device=ours["device"], torch=ours["torch"], triton=ours["triton"], date=ours["date"],
+                    dtype=dtype, batch=batch, heads=heads, n=n, d=d, causal=causal, flash_ms=float(ours["ms"]),
+                    sdpa_ms=float(theirs["ms"]), sdpa_backend=theirs["backend"].removeprefix("_scaled_dot_product_"),
+                    timer=ours["timer"])

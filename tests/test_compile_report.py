@@ -24,7 +24,7 @@ from lib import flash_decode as fd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KiB = 1024
-# One thread block's shared memory (the opt-in maximum) on each, from the datasheets (FIELD_NOTES.md).
+# One thread block's shared memory (the opt-in maximum) on each, from NVIDIA's datasheets.
 SHARED_PER_BLOCK = {"sm_75": 64 * KiB, "sm_80": 163 * KiB, "sm_89": 99 * KiB, "sm_90": 227 * KiB}
 ARCHS = list(SHARED_PER_BLOCK)
 ENV = {**os.environ, "PYTHONPATH": ROOT, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
@@ -270,6 +270,55 @@ def test_every_rung_of_the_forward_compiles_without_spills(rung):
     else:  # TMA copies and mbarrier waits instead of cp.async
         assert loop.get("UTMALDG", 0) > 0 and loop.get("SYNCS", 0) > 0 and "LDGSTS" not in loop
         assert not row["wgmma_serialised"]
+
+
+def test_each_key_loop_is_counted_on_its_own_pointer_and_tma_alike():
+    # The forward kernel has two key loops, unmasked then masked. On the TMA rung ptxas puts the retry of each
+    # mbarrier wait out of line after the kernel's end, and that code branches back into the loops: the span of
+    # such a branch holds both loops and the barrier set-up between them, and is no loop. Each loop is one key
+    # tile of 128 x 64 with 8 warps: 32 scores a thread and two row rescales, QKᵀ's 8 products and PV's 4, one
+    # wait.
+    rows = {rung: run("--head", "128", "--kernels", "forward", "--loop", "--first", "1", "--json",
+                      *(("--variant", rung) if rung else ()))[0] for rung in (None, "+tma")}
+    for rung, row in rows.items():
+        assert row["tiles"] == "128×64, 8 warps, 3 stages"
+        assert len(row["key_loops"]) == 2, (rung, [body["instructions"] for body in row["key_loops"]])
+        unmasked, masked = row["key_loops"]
+        assert row["loop"] == unmasked and unmasked["instructions"] < masked["instructions"] < 500, rung
+        for body in row["key_loops"]:
+            assert body["MUFU.EX2"] == 128 * 64 // 256 + 2, (rung, body)
+            assert body["HGMMA"] == 128 // 16 + 64 // 16 and body["WARPGROUP.DEPBAR"] == 1, (rung, body)
+            float32 = sum(body[op] for op in ("FFMA", "FMUL", "FADD", "FMNMX", "F2FP"))
+            assert float32 == 188, (rung, body)
+            if rung:  # TMA copies of k and v, waited on through mbarriers
+                assert body["UTMALDG"] == 2 and body["SYNCS"] > 0 and "LDGSTS" not in body, body
+            else:  # 16-byte cp.async copies, no mbarrier
+                assert body["LDGSTS"] > 0 and "UTMALDG" not in body and "SYNCS" not in body, body
+        assert any("UTMALDG" in step for step in row["skeleton"]) == bool(rung)
+
+
+def test_a_branch_back_from_after_the_kernels_end_is_no_loop():
+    # Made-up SASS in Triton's print format: a loop (LBB1 to its branch), then EXIT, then the out-of-line retry of
+    # an mbarrier wait, which spins on itself and then jumps back into the loop. The loop and the spin are loops;
+    # the jump back, whose span holds the EXIT, is not.
+    code = r"""
+import sys
+sys.path.insert(0, "tools")
+import compile_report as cr
+lines = ["MOV R1, c[0x0][0x28];", "LBB1:", "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24;",
+         "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R2], R3;", "@!P0 BRA LBB3;", "LBB2:", "MUFU.EX2 R5, R5;",
+         "@P1 BRA LBB1;", "EXIT;", "LBB3:", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R2], R3;", "@!P0 BRA LBB3;",
+         "BRA LBB2;"]
+sass = "\n".join(line if line.endswith(":") else "--:-:-:-:5\t" + line for line in lines)
+bodies = [[op for op, _ in body] for body in cr.loops(sass)]
+assert bodies == [["HGMMA.64x64x16.F32.BF16", "SYNCS.PHASECHK.TRANS64.TRYWAIT", "BRA", "MUFU.EX2", "BRA"],
+                  ["SYNCS.PHASECHK.TRANS64.TRYWAIT", "BRA"]], bodies
+(key,) = cr.key_loops(sass)
+assert cr.main_loop(sass) == key and cr.loop_counts(key)["MUFU.EX2"] == 1
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 # Every architecture's tile shapes also compute attention: forced in turn in Triton's interpreter (CPU, float32), on

@@ -362,3 +362,58 @@ def test_the_gpu_benchmark_runs_end_to_end_in_the_interpreter(tmp_path):
     assert rows[0] == "device,torch,triton,cuda,date,timer,dtype,causal,d,n,pass,impl,backend,ms,tflops"
     assert len(rows) == 1 + 4 * (1 + len(flash.LADDER))
     assert {r.split(",")[11] for r in rows[1:]} == {"sdpa", *flash.LADDER}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Chapter 9's timing cell: lib.speed.flash_against_sdpa on a GPU, the recorded run elsewhere
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_flash_against_sdpa_times_both_on_the_gpu():
+    from lib import speed
+
+    run = speed.flash_against_sdpa(batch=1, heads=4, n=1024, d=64, reps=2, rounds=2)
+    assert run.device == torch.cuda.get_device_name() and run.torch == torch.__version__
+    assert run.dtype == str(speed.half_dtype("cuda")).removeprefix("torch.")
+    assert 0 < run.flash_ms < 1e3 and 0 < run.sdpa_ms < 1e3 and run.ratio == run.flash_ms / run.sdpa_ms
+    assert run.timer in ("graph", "bench", "bench+graph") and "math" not in run.sdpa_backend
+    assert all(len(line) <= 88 for line in run.lines())
+    ms, used = speed.gpu_milliseconds(lambda: torch.ones(1, device="cuda"), "events")
+    assert ms > 0 and used == "events"
+
+
+def test_the_recorded_run_is_read_from_the_committed_csv():
+    import csv
+
+    from lib import speed
+
+    path = os.path.join(ROOT, "benchmarks", "gpu_results.csv")
+    with open(path) as f:
+        rows = {(r["impl"], r["d"], r["causal"]): r for r in csv.DictReader(f)
+                if (r["pass"], r["n"], r["dtype"]) == ("forward", "4096", "bfloat16")}
+    for d, causal in ((64, False), (128, True)):
+        run = speed.recorded_flash_against_sdpa(path, n=4096, d=d, causal=causal)
+        ours, theirs = rows["+atomic-dq", str(d), str(causal)], rows["sdpa", str(d), str(causal)]
+        assert (run.flash_ms, run.sdpa_ms) == (float(ours["ms"]), float(theirs["ms"]))
+        assert (run.device, run.date, run.triton) == (ours["device"], ours["date"], ours["triton"])
+        assert run.ratio == float(ours["ms"]) / float(theirs["ms"]) and run.sdpa_backend == "cudnn_attention"
+        assert all(len(line) <= 88 for line in run.lines())
+    with pytest.raises(ValueError, match="n 100"):
+        speed.recorded_flash_against_sdpa(path, n=100)
+
+
+def test_flash_against_sdpa_refuses_bad_arguments_and_a_machine_without_a_gpu():
+    from lib import speed
+
+    with pytest.raises(TypeError, match="n must be an int"):
+        speed.flash_against_sdpa(n=4096.0)
+    with pytest.raises(ValueError, match="heads must be at least 1"):
+        speed.flash_against_sdpa(heads=0)
+    with pytest.raises(ValueError, match="timer"):
+        speed.flash_against_sdpa(timer="wall")
+    with pytest.raises(ValueError, match="timer"):
+        speed.gpu_milliseconds(lambda: None, "wall")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no CUDA GPU|there is none"):
+            speed.flash_against_sdpa()

@@ -40,7 +40,12 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # the JIT's default, sai
 
 import torch
 import triton
-from triton import knobs
+
+TRITON_FLOOR = (3, 6)  # triton.knobs and native_specialize_impl, which the compile below relies on
+if tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) < TRITON_FLOOR:
+    sys.exit(f"compile_report needs Triton >= {'.'.join(map(str, TRITON_FLOOR))}; this is {triton.__version__}")
+
+from triton import knobs  # after the version floor: an older Triton lacks it
 from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend, GPUTarget
 
@@ -273,14 +278,19 @@ def _opcodes(sass):
 
 
 def loops(sass):
-    """Each backward branch's body, as a list of (opcode, text): the kernel's loops."""
+    """The kernel's loops in program order, each body a list of (opcode, text): the code from a label to a branch
+    back to it. A backward branch whose span holds an EXIT is no loop: ptxas places the retry of an mbarrier wait
+    (the TMA path's) out of line after the kernel's end, and that code jumps back to where the wait was, so its
+    span would run from inside the first key loop through the second to the end."""
     ops = _opcodes(sass)
     where = {name: i for i, (op, name) in enumerate(ops) if op == "LABEL"}
     bodies = []
     for i, (op, text) in enumerate(ops):
         target = text.split()[-1].lstrip(".") if op == "BRA" else None
         if target in where and where[target] < i:
-            bodies.append([o for o in ops[where[target]:i + 1] if o[0] != "LABEL"])
+            body = [o for o in ops[where[target]:i + 1] if o[0] != "LABEL"]
+            if not any(o == "EXIT" for o, _ in body):
+                bodies.append(body)
     return bodies
 
 
@@ -291,12 +301,23 @@ def family(opcode):
     return None
 
 
+def _matrix_instructions(body):
+    return sum(family(op) in ("HGMMA", "HMMA") for op, _ in body)
+
+
+def key_loops(sass):
+    """The loops that multiply matrices, in program order, each on its own: in lib.flash's forward kernel the
+    unmasked key loop, then the masked one (the two calls of its loop helper)."""
+    return [body for body in loops(sass) if _matrix_instructions(body)]
+
+
 def main_loop(sass):
-    """The loop with the most matrix instructions (the unmasked key loop of the forward kernel)."""
-    candidates = loops(sass)
+    """The key loop with the most matrix instructions, the shortest of those (the unmasked key loop of the forward
+    kernel: the masked one adds its comparisons)."""
+    candidates = key_loops(sass)
     if not candidates:
         return []
-    return max(candidates, key=lambda body: (sum(family(op) in ("HGMMA", "HMMA") for op, _ in body), -len(body)))
+    return max(candidates, key=lambda body: (_matrix_instructions(body), -len(body)))
 
 
 def loop_counts(body):
@@ -418,6 +439,7 @@ def report(heads=(64, 128), causal=False, variant=None, kernels=tuple(KERNEL_TIL
                     body = main_loop(compiled.asm["sass"])
                     row["loop"] = loop_counts(body)
                     row["skeleton"] = skeleton(body)
+                    row["key_loops"] = [loop_counts(b) for b in key_loops(compiled.asm["sass"])]
                 rows.append(row)
     order = {name: i for i, name in enumerate(KERNEL_TILES)}
     return sorted(rows, key=lambda r: (order[r["kernel"]], r["head"]))
@@ -483,7 +505,9 @@ def main():
                   f"{r['spill_bytes']:>5} B spilled  {r['shared_bytes'] / 1024:6.1f} of {r['shared_limit'] // 1024} "
                   f"KiB shared  {_where(r)}{serial}")
             if args.loop:
-                print("    loop:", ", ".join(f"{k} {v}" for k, v in r["loop"].items()))
+                for i, counts in enumerate(r["key_loops"], 1):
+                    print(f"    key loop {i} of {len(r['key_loops'])}:", ", ".join(f"{k} {v}" for k, v in counts.items()))
+                print("    the loop below:", ", ".join(f"{k} {v}" for k, v in r["loop"].items()))
                 print("    ", " → ".join(r["skeleton"]))
         for line in missing:
             print(f"{line}: no tile choice offered, so never launched (the backward runs the two-kernel path)")
