@@ -1,11 +1,14 @@
 """The kernel lab's grade (lib.lab): right kernels pass with their byte ratios, each mistake fails its step."""
 
+import pathlib
+
 import lab_kernels as handed_in
 import pytest
 import torch
 
 from lib import flash, lab
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 SEED = 20261128
 interpreted = pytest.mark.skipif(not flash.INTERPRETED, reason="counts bytes in Triton's interpreter")
 
@@ -85,3 +88,19 @@ def test_on_a_gpu_the_kernel_is_graded_compiled_and_timed_against_sdpa():
     assert steps["bytes"].score is None and "interpreter" in steps["bytes"].why
     ours, sdpa = lab.time_against_sdpa(handed_in.official, L=1024, Z=8)
     assert ours > 0 and sdpa > 0
+
+
+@interpreted
+def test_the_books_solution_passes_on_other_seeds(tmp_path, monkeypatch):
+    import importlib
+
+    import nbformat
+
+    book = nbformat.read(ROOT / "chapters" / "09_flash_kernel.ipynb", as_version=4)
+    (source,) = [c.source for c in book.cells if "def flash_forward_kernel(" in c.source]
+    # Triton reads a kernel's source from its file: the solution goes into a module of its own
+    (tmp_path / "book_lab.py").write_text("import triton\nimport triton.language as tl\n\n\n" + source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    solution = importlib.import_module("book_lab").flash_forward_kernel
+    for seed in (SEED, SEED + 1):
+        assert [s.score for s in lab.grade(solution, seed)] == [1] * len(lab.STEPS)
