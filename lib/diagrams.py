@@ -253,7 +253,7 @@ def saturation(score_rows, labels):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# chapter 11: two states merging, split-KV waves on the SMs, the ring step by step and its schedule, the all-to-all,
+# chapter 12: two states merging, split-KV waves on the SMs, the ring step by step and its schedule, the all-to-all,
 # a paged cache's block table
 
 
@@ -297,7 +297,7 @@ def ring_schedule(counts, titles, *, tile=64):
 
 
 def state_merge(out_a, lse_a, out_b, lse_b, out, lse, *, keys_a="keys 0-3", keys_b="keys 4-9"):
-    """Draw the merge of two attention states, one query row a line (chapter 11).
+    """Draw the merge of two attention states, one query row a line (chapter 12).
 
     ``out_a`` (L, Ev) and ``lse_a`` (L,) are part A's state, ``out_b`` and ``lse_b`` part B's, ``out`` and ``lse``
     the merged state. Each row shows the two parts' outputs and logsumexps, a bar cut into the parts' weights
@@ -338,7 +338,7 @@ def state_merge(out_a, lse_a, out_b, lse_b, out, lse, *, keys_a="keys 0-3", keys
 
 
 def split_kv_waves(programs, splits, sms, *, columns=12):
-    """Draw the SMs of a GPU, wave by wave, as split-KV decoding fills them (chapter 11).
+    """Draw the SMs of a GPU, wave by wave, as split-KV decoding fills them (chapter 12).
 
     ``programs`` is the number of programs for one slice (one per key/value head), ``splits`` a list of slice
     counts, one row of panels each, ``sms`` the GPU's SM count. Each panel is one wave: an SM is coloured by the
@@ -386,7 +386,7 @@ def split_kv_waves(programs, splits, sms, *, columns=12):
 
 
 def ring_step_tiles(N, world_size, layout="contiguous", *, tile=64):
-    """The causal ring's work step by step: an int array (P, T, T), T = N/tile, for :func:`ring_steps` (chapter 11).
+    """The causal ring's work step by step: an int array (P, T, T), T = N/tile, for :func:`ring_steps` (chapter 12).
 
     Entry [t, i, j] is the rank that computes (query tile i, key tile j) of the whole attention matrix at ring step
     t, or -1 if no rank computes it then. Query tile i belongs to the rank holding its tokens
@@ -412,7 +412,7 @@ def ring_step_tiles(N, world_size, layout="contiguous", *, tile=64):
 
 
 def ring_steps(schedules, titles):
-    """Draw the causal ring step by step (chapter 11): one row per layout, one panel per step.
+    """Draw the causal ring step by step (chapter 12): one row per layout, one panel per step.
 
     ``schedules`` are arrays from :func:`ring_step_tiles`. Each panel is the whole attention matrix (query tiles
     down, key tiles across); the tiles computed at that step are coloured by the rank that computes them, the
@@ -454,7 +454,7 @@ def ring_steps(schedules, titles):
 
 
 def ulysses_all_to_all(world_size, n_heads, n_kv_heads, *, model=""):
-    """Draw the all-to-all that turns sequence shards into head shards (chapter 11).
+    """Draw the all-to-all that turns sequence shards into head shards (chapter 12).
 
     Before: rank r holds its N/P tokens of every head, q and the output with ``n_heads`` heads, k and v with
     ``n_kv_heads``. After: it holds all N tokens of H/P query heads and Hkv/P key/value heads. Each cell (heads of one
@@ -502,7 +502,7 @@ def ulysses_all_to_all(world_size, n_heads, n_kv_heads, *, model=""):
 
 
 def block_table(tables, lengths, page_size, num_pages):
-    """Draw each sequence's block table, from its logical pages to the pool's physical pages (chapter 11).
+    """Draw each sequence's block table, from its logical pages to the pool's physical pages (chapter 12).
 
     ``tables`` holds one block table per sequence (physical page numbers in logical order), ``lengths`` their token
     counts, ``page_size`` the rows of a page, ``num_pages`` the pool's size. Top: each sequence's logical pages,
@@ -1031,7 +1031,7 @@ def split_merge_heads(n, d_model, n_heads):
 
 
 def decoder_block(d_model, n_heads, n_kv_heads, d_ff, n_layers):
-    """Chapter 10: the pre-norm residual block, the residual stream down the middle and two branches that add to it."""
+    """Chapter 11: the pre-norm residual block, the residual stream down the middle and two branches that add to it."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
@@ -1078,7 +1078,7 @@ def decoder_block(d_model, n_heads, n_kv_heads, d_ff, n_layers):
 
 
 def ablation_heatmaps(panels, *, title=None, chance=None):
-    """Chapter 10: ablation results as annotated heatmaps, one panel per metric or kind of ablation.
+    """Chapter 11: ablation results as annotated heatmaps, one panel per metric or kind of ablation.
 
     ``panels`` is a list of (panel title, row labels, column labels, scores), ``scores`` a (rows, columns) array of
     accuracies in [0, 1]: one row per seed, one column per ablated head or layer. ``chance``, if given, is a level
@@ -1176,12 +1176,12 @@ def tile_grid(scores, block_q, block_k):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapter 12: the formula as models changed it
+# Chapter 13: the formula as models changed it
 # --------------------------------------------------------------------------------------------------------------
 
 
 def window_tiles(masks, titles, block):
-    """Chapter 12: boolean masks (True = may attend) over a grid of (block × block) tiles, side by side.
+    """Chapter 13: boolean masks (True = may attend) over a grid of (block × block) tiles, side by side.
 
     Allowed cells are blue; a tile with no allowed cell is hatched grey, a tile the kernel never visits. Each
     title gets the count of tiles visited. Returns the figure.
@@ -1221,7 +1221,7 @@ def window_tiles(masks, titles, block):
 
 
 def sink_and_eviction(weights, accuracy, *, first_label="BOS", share=None, head=None):
-    """Chapter 12: one head's attention (L, L) with its first column marked, beside the accuracy of each cache.
+    """Chapter 13: one head's attention (L, L) with its first column marked, beside the accuracy of each cache.
 
     ``accuracy`` maps a cache's name to the held-out accuracy with it, a number or a dict (kind of answer ->
     accuracy on those answers), drawn as one bar per kind. ``share``, if given, is the head's average
@@ -1267,7 +1267,7 @@ def sink_and_eviction(weights, accuracy, *, first_label="BOS", share=None, head=
 
 
 def cache_per_token(per_token):
-    """Chapter 12: cache bytes one token adds, per model (a dict name -> bytes), as bars on a log scale."""
+    """Chapter 13: cache bytes one token adds, per model (a dict name -> bytes), as bars on a log scale."""
     import matplotlib.pyplot as plt
 
     from lib.notebook import use_book_style
@@ -1288,7 +1288,7 @@ def cache_per_token(per_token):
 
 
 def recall_curves(n_pairs, accuracy, *, d, training=None):
-    """Chapter 12: held-out recall against the number of stored pairs, one line per attention (name -> list).
+    """Chapter 13: held-out recall against the number of stored pairs, one line per attention (name -> list).
 
     ``training``, if given, is (steps, curve, name): one model's held-out recall at each checkpoint, curve
     (checkpoints, len(n_pairs)), drawn in a second panel, one line per pair count, to show where it levels off.

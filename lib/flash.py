@@ -74,7 +74,7 @@ INTERPRETER_TILES = Tiles(block_m=16, block_n=16, num_warps=1, num_stages=1)
 # each architecture has its own table, picked at launch from the GPU's compute capability (tile_table). Every
 # choice of every table is compiled for its architecture by tools/compile_report.py in CI, as the JIT specialises
 # a contiguous launch (bfloat16; float16 on sm_75, which has no bfloat16 tensor-core products): at head sizes 64
-# and 128 (where its max_head allows), causal or not and with chapter 12's sliding window, none spills registers,
+# and 128 (where its max_head allows), causal or not and with chapter 13's sliding window, none spills registers,
 # all fit one block's shared memory, and from sm_80 on every product runs on the tensor cores (below it Triton has
 # none; see TILE_TABLES). On sm_90 the products compile to the asynchronous warpgroup instruction (wgmma) when the
 # product's left operand has at least 64 rows; the exceptions are named below.
@@ -311,7 +311,7 @@ def _forward_tiles(
     where it is loaded, from the tile's 64-bit base and 32-bit offsets within it: a tensor of BLOCK_E × BLOCK_N
     pointers kept across the loop would take registers that the matrix products need. TMA: K_z and V_z are tensor
     descriptors, and one instruction copies a whole tile (rows past S and columns past E arrive as zeros).
-    WINDOWED (chapter 12): the MASKED tiles also drop keys older than each row's window of WINDOW keys."""
+    WINDOWED (chapter 13): the MASKED tiles also drop keys older than each row's window of WINDOW keys."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + cols0  # (BLOCK_N,) key indices of this tile
         if TMA:
@@ -340,7 +340,7 @@ def _forward_tiles(
             allowed = cols[None, :] < S
             if CAUSAL:
                 allowed = allowed & (cols[None, :] <= rows[:, None])
-            if WINDOWED:  # the sliding window (chapter 12): only the last WINDOW keys
+            if WINDOWED:  # the sliding window (chapter 13): only the last WINDOW keys
                 allowed = allowed & (cols[None, :] > rows[:, None] - WINDOW)
             s = tl.where(allowed, s, float("-inf"))
         if FOLD:
@@ -424,7 +424,7 @@ def _flash_forward(
         hi = S
         full = (S // BLOCK_N) * BLOCK_N
     lo = 0
-    # Sliding window (chapter 12): tiles wholly older than the first row's window are never visited; every
+    # Sliding window (chapter 13): tiles wholly older than the first row's window are never visited; every
     # visited tile takes the masked path, which also cuts the window's lower edge.
     if WINDOWED:
         lo = (tl.maximum(start_m - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
@@ -597,7 +597,7 @@ def _flash_backward_kv(
     else:
         lo = 0
         below = 0
-    # Sliding window (chapter 12): a key is seen by the WINDOW queries from itself on, so the query blocks past the
+    # Sliding window (chapter 13): a key is seen by the WINDOW queries from itself on, so the query blocks past the
     # last of those, for this block's last key, are never visited; every visited block takes the masked path.
     if WINDOWED:
         below = tl.minimum(tl.cdiv(start_n + BLOCK_N - 1 + WINDOW, BLOCK_M) * BLOCK_M, tl.cdiv(L, BLOCK_M) * BLOCK_M)
@@ -825,7 +825,7 @@ def _forward(q, k, v, causal, scale, tiles=None, variant=None, window=None):
             E=E, EV=EV, BLOCK_E=_head_block(E), BLOCK_EV=_head_block(EV), CAUSAL=causal,
             PRECISION=_precision(q.dtype), FOLD=variant.fold_scale, TMA=tma,
             LPT=variant.lpt, tiles=tiles,
-            WINDOW=window or 0, WINDOWED=window is not None,  # chapter 12
+            WINDOW=window or 0, WINDOWED=window is not None,  # chapter 13
         )
     return o, lse
 
@@ -1018,7 +1018,7 @@ def flash_attention(q, k, v, mask=None, *, causal=False, scale=None, determinist
     Triton's interpreter if TRITON_INTERPRET=1 was set before Triton was first imported (not for bfloat16).
 
     ``window`` (with ``causal=True``) is a sliding window: query i sees keys i - window < j <= i, and key tiles
-    wholly older than a query tile's window are skipped, so the work grows like L × window (chapter 12), in the
+    wholly older than a query tile's window are skipped, so the work grows like L × window (chapter 13), in the
     backward pass too, where the query tiles a key tile's window never reaches are skipped.
 
     ``axes="bshd"`` takes q, k, v as flash-attn's (B, L, H, E) and returns (B, L, H, Ev) (lse stays (B, H, L),

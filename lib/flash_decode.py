@@ -1,4 +1,4 @@
-"""Split-KV decoding on a GPU (Flash-Decoding): a few new queries against a long key cache, in Triton (chapter 11).
+"""Split-KV decoding on a GPU (Flash-Decoding): a few new queries against a long key cache, in Triton (chapter 12).
 
 While generating, each step brings one new query per head (or a few, L from 1 to about 16) and attends every key
 in the cache. :func:`lib.flash.flash_attention` gives one program to each (batch · head, block of queries): at
@@ -473,7 +473,7 @@ def _check_seqlens(cache_seqlens, B, L, S, device):
 
 
 def flash_decode(q, k, v, *, cache_seqlens=None, num_splits=None, scale=None, axes="bhsd"):
-    """Attention of a few new queries to a long key cache, split over the keys (Flash-Decoding; chapter 11).
+    """Attention of a few new queries to a long key cache, split over the keys (Flash-Decoding; chapter 12).
 
     q (B, H, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev) torch tensors on a CUDA GPU in float16, bfloat16 or
     float32 (float16 and float32 also in Triton's interpreter on a CPU); returns (B, H, L, Ev) in q's dtype. H
@@ -514,7 +514,7 @@ def flash_decode(q, k, v, *, cache_seqlens=None, num_splits=None, scale=None, ax
 
 
 def flash_decode_partials(q, k, v, *, num_splits, scale=None):
-    """The slices' partial states of :func:`flash_decode`, before the merge: ``(outs, lses)`` (chapter 11).
+    """The slices' partial states of :func:`flash_decode`, before the merge: ``(outs, lses)`` (chapter 12).
 
     outs (num_splits, B, H, L, Ev) float32: each slice's output normalised over its own keys; lses (num_splits,
     B, H, L) float32: the natural-log logsumexp of each row's scaled scores over those keys. A slice with no key
@@ -544,7 +544,7 @@ def _unpack(part, B, H, L):
 
 
 def flash_decode_paged(q, caches, *, num_splits=None, scale=None):
-    """:func:`flash_decode` reading keys and values from paged caches through their block tables (chapter 11).
+    """:func:`flash_decode` reading keys and values from paged caches through their block tables (chapter 12).
 
     q (B, H, L, E); ``caches`` a sequence of B :class:`lib.paged.PagedKVCache` that share one
     :class:`lib.paged.PagePool`, one per sequence, each holding keys (Hkv, S_b, E) and values (Hkv, S_b, Ev) of

@@ -1,4 +1,4 @@
-"""The small models chapters 10 and 12 train, their recipes, and their weights stored with the course.
+"""The small models chapters 11 and 13 train, their recipes, and their weights stored with the course.
 
 Training on a CPU repeats exactly on one machine (one thread, deterministic algorithms), but not across machines:
 the vector width and the matrix kernels torch picks for a CPU (AVX2, AVX-512, Arm's NEON) change the order of
@@ -115,7 +115,7 @@ def train_induction(seed, steps=INDUCTION["steps"]):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapter 12: the lookup task (lib.variants.lookup_batch), with and without a learned sink logit per head, trained
+# Chapter 13: the lookup task (lib.variants.lookup_batch), with and without a learned sink logit per head, trained
 # until it answers the lookups: 4,000 steps, the learning rate decayed along a cosine, which brings every seed tried
 # (0, 1, 2) above 0.9 of the answers that are symbols (after 500 steps, about 0.3; the answers "-" are right early).
 # --------------------------------------------------------------------------------------------------------------
@@ -158,7 +158,7 @@ def train_lookup(learned_sink, seed=0, steps=LOOKUP["steps"]):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapter 12: associative recall (lib.variants.recall_batch), one layer of softmax or linear attention, trained
+# Chapter 13: associative recall (lib.variants.recall_batch), one layer of softmax or linear attention, trained
 # until its held-out recall stops moving. Each checkpoint's recall is stored with the weights as the curve.
 # --------------------------------------------------------------------------------------------------------------
 

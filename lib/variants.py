@@ -1,4 +1,4 @@
-"""The formula as models changed it (chapter 12): sinks, sliding windows, latent attention, linear attention.
+"""The formula as models changed it (chapter 13): sinks, sliding windows, latent attention, linear attention.
 
 Each variant changes one term of softmax(q kᵀ · scale) v:
 
@@ -85,7 +85,7 @@ def _sink_column(sink, scores):
 
 
 def sink_attention(q, k, v, sink=0.0, *, causal=True, mask=None, return_weights=False):
-    """Attention whose softmax has one more logit, ``sink``, that carries no value (chapter 12).
+    """Attention whose softmax has one more logit, ``sink``, that carries no value (chapter 13).
 
     q (..., H, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> (..., H, L, Ev). The weights are
     exp(s_j) / (exp(sink) + Σ exp(s_j)), so a row sums to less than 1 and a head can put weight on "nothing".
@@ -143,7 +143,7 @@ def streaming_mask(n, window, n_sink=0, *, device=None):
 
 
 def lookup_batch(gen, size, n_tokens=24, n_symbols=64, max_gap=8, p_repeat=0.3):
-    """The task chapter 12 trains on: at every position, the token that followed this token's last earlier
+    """The task chapter 13 trains on: at every position, the token that followed this token's last earlier
     occurrence, or ``none`` when it has none.
 
     Token 0 is a fixed BOS (``n_symbols``); the others are distinct symbols except that, with probability
@@ -169,7 +169,7 @@ def lookup_batch(gen, size, n_tokens=24, n_symbols=64, max_gap=8, p_repeat=0.3):
 
 
 def masked_forward(model, tokens, mask=None, *, sinks=None, attend=None, return_weights=False):
-    """Chapter 10's :class:`lib.model.TinyLM` run with its own weights under any boolean ``mask`` (L, L).
+    """Chapter 11's :class:`lib.model.TinyLM` run with its own weights under any boolean ``mask`` (L, L).
 
     The same computation as ``model(tokens)`` (a test checks it), written out so that the mask can be an evicted
     cache (:func:`streaming_mask`), ``sinks`` (n_layers, H) can add a learned sink logit per head, and ``attend``
@@ -300,7 +300,7 @@ class RollingKVCache:
 
 
 class LatentAttention(nn.Module):
-    """Causal multi-head latent attention (DeepSeek-V2's MLA), x (B, L, D) -> (B, L, D) (chapter 12).
+    """Causal multi-head latent attention (DeepSeek-V2's MLA), x (B, L, D) -> (B, L, D) (chapter 13).
 
     Each token is compressed to one latent c = x W_dkv of ``d_latent`` numbers, shared by all heads; head h's
     keys and values are rebuilt from it, k_h = c W_uk[h] (``d_nope``) and v_h = c W_uv[h] (``d_v``). Rotary
@@ -466,7 +466,7 @@ def recall_batch(gen, size, n_pairs, n_keys, n_values, n_queries):
 
 
 class RecallNet(nn.Module):
-    """One attention layer that must recall: context tokens are (key, value) pairs, queries are keys (chapter 12).
+    """One attention layer that must recall: context tokens are (key, value) pairs, queries are keys (chapter 13).
 
     A context token embeds as e_key + e_value; a query as its own embedding of the key. One head of size ``d``
     attends from each query to the whole context, with ``kind`` = "softmax" or "linear" (elu + 1 features);

@@ -1,4 +1,4 @@
-"""The stored models of chapters 10 and 12 and the recipes that make them (lib.trained).
+"""The stored models of chapters 11 and 13 and the recipes that make them (lib.trained).
 
 The chapters load weights trained once, so that every machine prints the same figures. These tests train the same
 recipes afresh on whatever CPU runs them and check what the chapters claim of the result, with the chapters' own
@@ -35,7 +35,7 @@ def _one_thread():
 
 
 def induction_claims(model):
-    """The failures of chapter 10's claims on one induction model: an empty list when it meets them all."""
+    """The failures of chapter 11's claims on one induction model: an empty list when it meets them all."""
     tokens, scored, m = trained.repeat_batch(torch.Generator().manual_seed(7), 1000)
     N = tokens.shape[1]
 
@@ -100,10 +100,10 @@ def test_a_model_trained_too_briefly_fails_the_claims():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapter 12: the lookup task, with and without learned sinks
+# Chapter 13: the lookup task, with and without learned sinks
 # --------------------------------------------------------------------------------------------------------------
 
-W = 8  # the window chapter 12 keeps
+W = 8  # the window chapter 13 keeps
 
 
 NONE = trained.LOOKUP["n_symbols"] + 1  # the answer "-"
@@ -143,7 +143,7 @@ def lookup_figures(model, sinks=None):
 
 
 def lookup_claims(plain, sink_model, sinks):
-    """The failures of chapter 12's claims on a plain and a learned-sink lookup model; accuracies are (symbol
+    """The failures of chapter 13's claims on a plain and a learned-sink lookup model; accuracies are (symbol
     answers, '-' answers)."""
     (whole, window, with_sink), on_first, (on_nothing, on_found), no_value = lookup_figures(plain)
     failed = []
@@ -202,10 +202,10 @@ def test_the_stored_lookup_models_meet_the_same_claims():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Chapter 12: associative recall, trained to a plateau
+# Chapter 13: associative recall, trained to a plateau
 # --------------------------------------------------------------------------------------------------------------
 
-PLATEAU = 0.03  # chapter 12: over the last half of training, no recall moved by this much
+PLATEAU = 0.03  # chapter 13: over the last half of training, no recall moved by this much
 
 
 def plateau_moves(curve):
@@ -215,7 +215,7 @@ def plateau_moves(curve):
 
 
 def recall_claims(nets, curves):
-    """The failures of chapter 12's claims on the three recall models (name -> model, name -> curve)."""
+    """The failures of chapter 13's claims on the three recall models (name -> model, name -> curve)."""
     tests = trained.recall_test(99)
     recall = {name: trained.recall_accuracy(net, tests) for name, net in nets.items()}
     soft, linear, wide = recall["recall-softmax"], recall["recall-linear"], recall["recall-linear-d32"]

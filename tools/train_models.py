@@ -1,4 +1,4 @@
-"""Train the models chapters 10 and 12 load, with lib.trained's recipes, and store their weights in lib/weights/.
+"""Train the models chapters 11 and 13 load, with lib.trained's recipes, and store their weights in lib/weights/.
 
     python tools/train_models.py              # every model
     python tools/train_models.py induction    # those whose name starts so
