@@ -1223,7 +1223,8 @@ def window_tiles(masks, titles, block):
 def sink_and_eviction(weights, accuracy, *, first_label="BOS", share=None, head=None):
     """Chapter 13: one head's attention (L, L) with its first column marked, beside the accuracy of each cache.
 
-    ``accuracy`` maps a cache's name to the held-out accuracy with it. ``share``, if given, is the head's average
+    ``accuracy`` maps a cache's name to the held-out accuracy with it, a number or a dict (kind of answer ->
+    accuracy on those answers), drawn as one bar per kind. ``share``, if given, is the head's average
     weight on key 0 as the text measures it (the title then quotes it instead of this map's own mean over rows),
     and ``head`` a (layer, head) pair, counted from 1, for the title. Returns the figure.
     """
@@ -1245,11 +1246,22 @@ def sink_and_eviction(weights, accuracy, *, first_label="BOS", share=None, head=
     ax_map.set(xlabel=f"key position j (0 = {first_label})", ylabel="query position i", title=title)
     ax_map.grid(False)
     fig.colorbar(image, ax=ax_map, shrink=0.8, label="attention weight")
-    names, values = list(accuracy), [accuracy[n] for n in accuracy]
-    bars = ax_bar.barh(names, values, color=[BLUE, ORANGE, GREEN, "#CC79A7"][:len(names)])
-    for bar, value in zip(bars, values):
-        ax_bar.text(value + 0.01, bar.get_y() + bar.get_height() / 2, f"{value:.2f}", va="center")
-    ax_bar.set(xlim=(0, 1.1), xlabel="held-out accuracy", title="The same model under three caches")
+    names = list(accuracy)
+    split = {n: accuracy[n] if isinstance(accuracy[n], dict) else {"all answers": accuracy[n]} for n in names}
+    kinds = list(split[names[0]])
+    height = 0.8 / len(kinds)
+    for i, (kind, color) in enumerate(zip(kinds, [BLUE, ORANGE, GREEN, "#CC79A7"])):
+        values = [split[n][kind] for n in names]
+        rows = [r - 0.4 + height * (i + 0.5) for r in range(len(names))]
+        bars = ax_bar.barh(rows, values, height=height * 0.9, color=color, label=kind)
+        for bar, value in zip(bars, values):
+            ax_bar.text(value + 0.01, bar.get_y() + bar.get_height() / 2, f"{value:.2f}", va="center")
+    ax_bar.set_yticks(range(len(names)), names)
+    ax_bar.set(xlim=(0, 1.6 if len(kinds) > 1 else 1.1), xlabel="held-out accuracy",
+               title="The same model under three caches")
+    ax_bar.set_xticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    if len(kinds) > 1:
+        ax_bar.legend(loc="center right")
     ax_bar.invert_yaxis()
     return fig
 
@@ -1275,14 +1287,29 @@ def cache_per_token(per_token):
     return fig
 
 
-def recall_curves(n_pairs, accuracy, *, d):
-    """Chapter 13: held-out recall against the number of stored pairs, one line per attention (name -> list)."""
+def recall_curves(n_pairs, accuracy, *, d, training=None):
+    """Chapter 13: held-out recall against the number of stored pairs, one line per attention (name -> list).
+
+    ``training``, if given, is (steps, curve, name): one model's held-out recall at each checkpoint, curve
+    (checkpoints, len(n_pairs)), drawn in a second panel, one line per pair count, to show where it levels off.
+    """
     import matplotlib.pyplot as plt
 
     from lib.notebook import use_book_style
 
     use_book_style()
-    fig, ax = plt.subplots(figsize=(7.5, 4.0), layout="constrained")
+    if training is None:
+        fig, ax = plt.subplots(figsize=(7.5, 4.0), layout="constrained")
+    else:
+        fig, (ax, ax_t) = plt.subplots(1, 2, figsize=(12, 4.2), width_ratios=[1, 1], layout="constrained")
+        steps, curve, name = training
+        curve = np.asarray(curve, dtype=float)
+        for column, n in enumerate(n_pairs):
+            ax_t.plot(steps, curve[:, column], marker=".", label=f"{n} pairs")
+        ax_t.axvspan(steps[len(steps) // 2 - 1], steps[-1], color="#DDDDDD", zorder=0)
+        ax_t.set(ylim=(0, 1.05), xlabel="training step", ylabel="held-out recall accuracy",
+                 title=f"{name}: recall during training (grey: the last half)")
+        ax_t.legend(fontsize="small", loc="lower right")
     for (name, acc), marker in zip(accuracy.items(), "os^"):
         ax.plot(n_pairs, acc, marker=marker, label=name)
     ax.axvline(d, color="#8C8C8C", ls="--", lw=1)

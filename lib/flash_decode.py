@@ -38,7 +38,8 @@ except ModuleNotFoundError as err:
     if err.name != "triton":
         raise
     raise ModuleNotFoundError(
-        "lib.flash_decode needs Triton: `pip install triton` (CUDA builds of PyTorch, and Colab, ship it)",
+        "lib.flash_decode needs Triton: `pip install triton` (CUDA builds of PyTorch ship it, as Colab's GPU "
+        "runtime does; its CPU runtime does not; on a CPU the kernels run in Triton's interpreter)",
         name="triton") from None
 
 from lib import cost

@@ -357,7 +357,9 @@ class LatentAttention(nn.Module):
         """The absorbed form for new tokens x (B, T, D) after ``cache`` = (c, k_r) or None; returns (out, cache).
 
         Scores: q_nope·(c W_uk[h]) = (q_nope W_uk[h]ᵀ)·c, so each head's query is moved into latent space once
-        and dotted with the cached latents. Output: Σ_j w_j (c_j W_uv[h]) = (Σ_j w_j c_j) W_uv[h].
+        and dotted with the cached latents. Output: Σ_j w_j (c_j W_uv[h]) = (Σ_j w_j c_j) W_uv[h]. So every head
+        reads the same cached vectors: the key [c, k_r] (d_latent + d_rope wide) and the value c (d_latent wide).
+        This is multi-query attention with one wide key/value head, and it runs as SDPA with that one head.
         """
         if cache is not None and (cache[0].shape[-1] != self.d_latent or cache[1].shape[-1] != self.d_rope):
             raise ValueError(f"the cache holds latents of {cache[0].shape[-1]} and rotary keys of "
@@ -368,14 +370,14 @@ class LatentAttention(nn.Module):
             torch.cat([cache[0], c_new], dim=-2), torch.cat([cache[1], kr_new], dim=-2))  # (B, S, ·)
         q_nope, q_rope = self._queries(x, start)  # (B, H, T, ·)
         w_uk = self.w_uk.unflatten(-1, (self.H, self.d_nope)).permute(1, 2, 0)  # (H, d_nope, d_latent)
-        q_latent = q_nope @ w_uk  # (B, H, T, d_latent): W_uk absorbed into the query
-        scores = (q_latent @ c[:, None].transpose(-2, -1)
-                  + q_rope @ k_rope[:, None].transpose(-2, -1))  # (B, H, T, S)
-        scores = scores / math.sqrt(self.d_nope + self.d_rope)
+        q_shared = torch.cat([q_nope @ w_uk, q_rope], dim=-1)  # (B, H, T, d_latent + d_rope): W_uk absorbed
+        k_shared = torch.cat([c, k_rope], dim=-1)[:, None]  # (B, 1, S, d_latent + d_rope): one head for all
+        v_shared = c[:, None]  # (B, 1, S, d_latent): the latent is also the value
         T, S = x.shape[-2], c.shape[-2]
         allowed = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(S - T)  # bottom-right
-        weights = scores.masked_fill(~allowed, -math.inf).softmax(dim=-1)
-        mixed = weights @ c[:, None]  # (B, H, T, d_latent): the weighted latent
+        mixed = F.scaled_dot_product_attention(  # (B, H, T, d_latent): the weighted latent
+            q_shared, k_shared.expand(-1, self.H, -1, -1), v_shared.expand(-1, self.H, -1, -1),
+            attn_mask=allowed, scale=1 / math.sqrt(self.d_nope + self.d_rope))  # expand: views, no copies
         w_uv = self.w_uv.unflatten(-1, (self.H, self.d_v)).transpose(0, 1)  # (H, d_latent, d_v)
         out = mixed @ w_uv  # (B, H, T, d_v): W_uv applied after the sum
         return out.transpose(1, 2).flatten(-2) @ self.w_o, (c, k_rope)

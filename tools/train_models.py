@@ -33,6 +33,15 @@ def recipes():
         return model, {"sinks": sinks}
 
     found["lookup-sink"] = with_sink
+
+    def recall(kind, d):
+        def recipe():
+            model, curve = trained.train_recall(kind, d)
+            return model, {"curve": curve}
+        return recipe
+
+    for name, (kind, d) in trained.RECALL_MODELS.items():
+        found[name] = recall(kind, d)
     return found
 
 
