@@ -18,6 +18,7 @@ statements students see.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,7 +34,7 @@ class Close:
     kind: str = "numbers"
 
     def describe(self) -> str:
-        return f"{self.kind} within rtol={self.rtol:g}, atol={self.atol:g} of the library's"
+        return f"{self.kind}, to rtol={self.rtol:g}, atol={self.atol:g}"
 
 
 @dataclass(frozen=True)
@@ -426,3 +427,24 @@ CHAPTER_10 += [
 ]
 
 SPECS = [*CHAPTER_4, *CHAPTER_9, *CHAPTER_10]
+
+
+def statement_of(exercise, text: str) -> str:
+    """The exercise's own paragraph of its statement cell, from its `**N.` on."""
+    match = re.search(rf"^\*\*{exercise.number}[.)].*?(?=^\*\*\d+[.)]|\Z)", text, re.MULTILINE | re.DOTALL)
+    return match.group(0) if match else ""
+
+
+def specs_for(exercises: list, cells: dict[str, str], specs=None) -> dict[int, Spec]:
+    """Each graded exercise's spec, the one whose title its statement holds (`cells`: cell id -> source)."""
+    found = {}
+    for exercise in exercises:
+        if not exercise.graded:
+            continue
+        statement = " ".join(statement_of(exercise, cells[exercise.statement]).split()).lower()
+        matches = [s for s in (SPECS if specs is None else specs) if " ".join(s.title.split()).lower() in statement]
+        if len(matches) > 1:
+            raise ValueError(f"exercise {exercise.number}: specs {[s.label for s in matches]} all match it")
+        if matches:
+            found[exercise.number] = matches[0]
+    return found
