@@ -351,6 +351,37 @@ def test_the_grader_command_writes_scores_feedback_and_a_gradebook(book, tmp_pat
         "    Points Possible,,,,,5", "Ada L,17,a17,,,5", "grace,,grace,,,2"]
 
 
+def test_a_variant_changes_the_statement_and_the_hidden_answers():
+    path = ROOT / "chapters" / "04_worked_example.ipynb"
+    plain, exercises = ms.edition(BOOK, path)
+    variant, _ = ms.edition(BOOK, path, variant="two-thirds")
+    statement = next(e.statement for e in exercises if e.number == 2)
+    words = {nb_id: text(next(c for c in nb["cells"] if c["id"] == statement)) for nb_id, nb in
+             (("plain", plain), ("variant", variant))}
+    assert "more than half of its attention" in words["plain"] and "two thirds" not in words["plain"]
+    assert "more than two thirds of its attention" in words["variant"]
+    spec = next(s for s in gs.SPECS if s.label == "worked-example/longer-query")
+    drawn = grade.draw(3, "ada", spec, None) + grade.draw(3, "ada", spec, "two-thirds")
+    half, thirds = drawn[:spec.draws], drawn[spec.draws:]
+    assert [i["Q"].tolist() for i, _ in half] == [i["Q"].tolist() for i, _ in thirds]  # the same inputs
+    assert all(spec.expect(*a)["c"] < spec.expect(*b)["c"] for a, b in zip(half, thirds))  # other answers
+    assert grade.draw(3, "ada", spec, None)[0][0]["Q"].tolist() != grade.draw(3, "bob", spec, None)[0][0]["Q"].tolist()
+
+
+def test_the_book_without_solutions_keeps_statements_and_checks_and_drops_every_answer(book, tmp_path):
+    written = ms.book_without_solutions(tmp_path / "term", book.root)
+    assert written == [tmp_path / "term" / "chapters" / "01_one.ipynb"]
+    assert (tmp_path / "term" / "_toc.yml").exists() and (tmp_path / "term" / "intro.md").exists()
+    cells = {c["id"]: c for c in json.loads(written[0].read_text())["cells"]}
+    everything = json.dumps(list(cells.values()))
+    assert "return 2 * n" not in everything and "Five pairs" not in everything and "Rayleigh" not in everything
+    assert "raise NotImplementedError" in text(cells["cell-004"]) and cells["cell-004"]["outputs"] == []
+    assert text(cells["cell-005"]) == text(CELLS[5]) and "cell-009" not in cells
+    assert text(cells["cell-012"]) == "Some words first.\n"
+    with pytest.raises(ms.StudentError, match="outside the course checkout"):
+        ms.book_without_solutions(book.root / "inside", book.root)
+
+
 def test_the_grader_command_refuses_bad_input(tmp_path, capsys):
     assert grade.main([str(tmp_path / "nowhere")]) == 2
     assert "is not a folder" in capsys.readouterr().err

@@ -389,7 +389,7 @@ def book_without_solutions(dest: pathlib.Path, root: pathlib.Path = ROOT) -> lis
                 rest = SOLUTION_BLOCK.sub("", mc.source(cell))
                 if not rest.strip():
                     continue
-                cell = {**cell, "source": mc.as_lines(rest)}
+                cell = {**cell, "source": mc.as_lines(rest.rstrip() + "\n")}
             cells.append(cell)
         copy = dest / path.relative_to(root)
         copy.write_text(mc.dumps({**nb, "cells": cells}), encoding="utf-8")
