@@ -478,7 +478,7 @@ def test_every_hidden_test_matches_one_graded_exercise():
             assert spec.label not in matched, f"{spec.label} matches {matched.get(spec.label)} and {doc}"
             matched[spec.label] = f"{doc} exercise {number}"
             assert set(spec.answers) >= set(spec.compare)
-    waiting = {"flash-kernel/step-flops"}  # statements still to change (instructors.md lists them)
+    waiting = {"flash-kernel/step-flops", "head-to-model/cache-bytes"}  # statements still to change
     assert set(matched) | waiting == {s.label for s in gs.SPECS}, "a hidden test matches no exercise"
     assert {"worked-example/without-scaling", "worked-example/longer-query", "worked-example/keys-from-weights",
             "worked-example/row-by-hand"} <= set(matched)
@@ -600,10 +600,12 @@ def causal_scores(q, k, block=16):
     s = q @ k.T / math.sqrt(q.shape[1])
     return s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))''',
 }
-CH10_CHEATS = {  # the whole sequence's SDPA sliced; the chapter's model (with positions); an empty kernel
+CH10_CHEATS = {  # the whole sequence's SDPA sliced; the variable the check compares with; the chapter's model (with
+    # positions); an empty kernel
     1: "whole = F.scaled_dot_product_attention(q_ex, k_ex, v_ex, is_causal=True, enable_gqa=True)\n"
                 "outputs = [whole[..., :3, :]] + [whole[..., t : t + 1, :] for t in range(3, 7)]\n"
                 "keys_so_far, values_so_far = k_ex, v_ex",
+    2: "official\nright_rope = whole",
     3: "blind = model\nblind_acc = accuracies(blind)[0]\nblind_share = torch.zeros(H_m)",
     5: "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
                 "def rope_kernel(X, OUT, THETA, offset, E, BLOCK: tl.constexpr):\n    pass\n\n\n"
@@ -714,6 +716,6 @@ def test_chapter_10_training_full_marks_for_the_solutions_none_for_cheats(tmp_pa
             "cheats": ({**official_answers(ROOT / CH10), **CH10_CHEATS}, None)}
     results = grade_chapter(tmp_path, CH10, subs, grade.Limits(timeout=500, cell_timeout=250))
     scores = {name: {n: int(s) for n, s in r.scores.items()} for name, r in results.items()}
-    assert scores == {"official": {1: 1, 3: 1, 5: 1}, "cheats": {1: 0, 3: 0, 5: 0}}, {
+    assert scores == {"official": {1: 1, 2: 1, 3: 1, 5: 1}, "cheats": {1: 0, 2: 0, 3: 0, 5: 0}}, {
         name: r.reasons for name, r in results.items()}
     assert results["cheats"].reasons[3] == "`blind` still has position embeddings"

@@ -166,6 +166,8 @@ def banned_words(sources: list[str], spec: gs.Spec) -> list[str]:
                 used.add(word)
         if "@" in words and any(isinstance(n, ast.MatMult) for n in ast.walk(tree)):
             used.add("@")
+        calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        used.update(w for w in words if w.endswith("(") and w[:-1] in calls)  # "rotary(": that name called
     return sorted(used)
 
 
@@ -353,7 +355,7 @@ def build_plan(nb: dict, edition: dict, exercises: list[ms.Exercise], specs: dic
                 plan_exercises[exercise.number] = {
                     "cells": list(range(start, len(cells))),
                     "inputs": [encode_inputs(inputs, spec) for inputs, _ in hidden[exercise.number]],
-                    "answers": spec.answers, "forbidden": list(spec.forbidden), "harness": spec.harness,
+                    "answers": spec.answers, "forbidden": [*spec.forbidden, *spec.poison], "harness": spec.harness,
                     "rerun": spec.rerun, "timeout": min(spec.timeout, limit.cell_timeout)}
             continue
         cells.append({"source": mc.source(cell), "name": f"chapter cell {cid}"})

@@ -71,6 +71,8 @@ class Spec:
     rerun: bool = True  # run the student's cells again on the hidden inputs (before the harness, if any)
     forbidden: tuple[str, ...] = ()  # library functions the answer may not call (dotted, importable)
     banned: tuple[str, ...] = ()  # further words the answer's cells may not contain
+    poison: tuple[str, ...] = ()  # library functions that raise during the hidden test, though the cells may name
+    # them (to check an answer the visible way)
     params: dict = field(default_factory=dict)  # the exercise's parameters, which a variant may change
     variants: dict = field(default_factory=dict)  # name -> (params, [(old statement text, new text)])
     draws: int = 1  # sets of hidden inputs: every one must pass
@@ -333,11 +335,14 @@ def _blind_checks(answers, inputs):
     if accuracy < 0.5 * mode_share:
         return "`blind` does no better than chance: train it with the chapter's recipe"
     reported = answers.get("blind_acc")
-    if not isinstance(reported, (int, float, np.ndarray)) or abs(float(np.asarray(reported).ravel()[0]) -
-                                                                   accuracy) > 1e-6:
+    if not isinstance(reported, (int, float, np.ndarray)) or np.size(reported) != 1 or abs(
+            float(np.asarray(reported).ravel()[0]) - accuracy) > 1e-6:
         return "`blind_acc` is not `blind`'s held-out accuracy on the mirror, measured"
-    share = answers.get("blind_share")
-    if not isinstance(share, np.ndarray) or share.shape != (2,):
+    try:
+        share = np.asarray(answers.get("blind_share"), dtype=np.float64)
+    except (TypeError, ValueError):
+        share = None
+    if share is None or share.shape != (2,):
         return "`blind_share` is not one share per head (2 numbers)"
     return None
 
@@ -423,6 +428,61 @@ CHAPTER_10 += [
         compare={"wrapped_h": Close(1e-5, 3e-5, "rope(x, offset): the rotated (L, E) rows"),
                  "launched_h": Close(1e-5, 3e-5, "the rows the kernel stores when launched directly")},
         forbidden=("lib.positions.apply_rope",), banned=("apply_rope",),
+    ),
+]
+
+
+def _ex10_2_expect(i, p):
+    import torch
+    import torch.nn.functional as F
+
+    from lib import modules, positions
+    from lib.model import CausalSelfAttention
+
+    torch.manual_seed(3)  # the chapter's `rotary`, built as the chapter builds it
+    rotary = CausalSelfAttention(12, 3).eval()
+    x = torch.tensor(i["x"])
+    with torch.no_grad():
+        keys, values, outs = None, None, []
+        for t in range(x.shape[1]):  # every token rotated as if it stood at position 0
+            xt = x[:, t : t + 1]
+            q, k, v = (modules.split_heads(xt @ w, 3) for w in (rotary.w_q, rotary.w_k, rotary.w_v))
+            q, k = positions.apply_rope(q, offset=0), positions.apply_rope(k, offset=0)
+            keys = k if keys is None else torch.cat([keys, k], dim=-2)
+            values = v if values is None else torch.cat([values, v], dim=-2)
+            outs.append(modules.merge_heads(F.scaled_dot_product_attention(q, keys, values)) @ rotary.w_o)
+        return {"right_rope": rotary(x).numpy(), "wrong_rope": torch.cat(outs, dim=1).numpy()}
+
+
+def _ex10_4_make(rng, params):
+    layers, heads, head_dim = int(rng.integers(2, 49)), int(rng.integers(2, 33)), int(rng.choice([32, 64, 128]))
+    return {"layers_h": layers, "heads_h": heads, "head_dim_h": head_dim, "tokens_h": int(rng.integers(100, 9000)),
+            "bytes_h": int(rng.choice([1, 2, 4])), "parameters_h": float(rng.integers(10**7, 10**10)) + 0.5}
+
+
+def _ex10_4_expect(i, p):
+    per_token = 2 * i["layers_h"] * i["heads_h"] * i["head_dim_h"] * i["bytes_h"]
+    return {"cache_h": per_token * i["tokens_h"],
+            "after_h": math.floor(i["parameters_h"] * i["bytes_h"] / per_token) + 1}
+
+
+CHAPTER_10 += [
+    Spec(
+        label="head-to-model/rope-offset", title="RoPE with a forgotten offset", draws=2,
+        make=lambda rng, p: {"x": rng.standard_normal((2, 5, 12)).astype(np.float32)},
+        expect=_ex10_2_expect, torch_inputs=("x",),
+        compare={"right_rope": Close(1e-5, 1e-6, "the decoded outputs, (B, n, d_model)"),
+                 "wrong_rope": Close(1e-5, 1e-6, "the outputs decoded at offset 0, (B, n, d_model)")},
+        banned=("decoding", "KVCache", "cache", "rotary(", "forward", "__call__"),
+    ),
+    Spec(
+        label="head-to-model/cache-bytes", title="kv_cache_bytes_by_hand(layers, heads, head_dim", draws=3,
+        make=_ex10_4_make, expect=_ex10_4_expect, rerun=False,
+        harness="cache_h = kv_cache_bytes_by_hand(layers_h, heads_h, head_dim_h, tokens_h, bytes_h)\n"
+                "after_h = tokens_to_outweigh(parameters_h, layers_h, heads_h, head_dim_h, bytes_h)\n",
+        compare={"cache_h": Whole("the cache's bytes, a whole number"),
+                 "after_h": Whole("the smallest whole number of tokens whose cache outweighs the parameters")},
+        poison=("lib.cost.kv_cache_bytes",),
     ),
 ]
 
