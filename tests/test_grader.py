@@ -264,7 +264,7 @@ def test_a_cell_that_will_not_stop_or_ends_the_process_costs_its_exercise_only(b
     assert reasons["sleeps"].startswith("TimeLimit") and "exercise 1, your cell 1, line 3" in reasons["sleeps"]
     assert reasons["stubborn"].startswith("time limit in exercise 2, your cell 1")
     assert reasons["hungry"].startswith("MemoryError") and "line 1" in reasons["hungry"]
-    assert reasons["killer"].startswith("killed") and reasons["exits_hard"].startswith("your answer uses `os._exit`")
+    assert reasons["killer"].startswith("killed") and "`os._exit`" in reasons["exits_hard"]
     assert reasons["exits"].startswith("SystemExit")
     assert reasons["recursion"].startswith("RecursionError")
     assert max(r.seconds for r in results.values()) < 40
@@ -283,6 +283,7 @@ def test_the_sandbox_keeps_the_course_the_submissions_and_the_network_out(book, 
         "spawns": "import shutil\n\nshutil.which('ls')\nimport os\n\nos.posix_spawn('/bin/ls', ['ls'], {})\n"
                   "total = sum(range(1, top + 1))",
         "evals": "total = eval('sum(range(1, top + 1))')",
+        "plans": "import __main__\n\ntotal = __main__.PLAN and sum(range(1, top + 1))",  # the runner's own plan
     }
     for name, answer in tries.items():
         submit(folder, name, answered(notebook(CELLS), {"cell-007": answer}))
@@ -294,6 +295,12 @@ def test_the_sandbox_keeps_the_course_the_submissions_and_the_network_out(book, 
     assert why["opens"].startswith("your answer uses `open`") and why["evals"].startswith("your answer uses `eval`")
     assert why["calls"].startswith("PermissionError: a graded notebook may not use socket")
     assert why["spawns"].startswith("PermissionError: a graded notebook may not use os.posix_spawn")
+    assert why["plans"] == "your answer uses `__main__`, which this exercise does not allow (it asks you to write " \
+                           "that part yourself)"
+    nb = answered(notebook(CELLS), {"cell-007": tries["plans"]})
+    edition, exercises, specs = official.edition("chapters/01_one")
+    plan = grade.build_plan(nb, edition, exercises, specs, {}, FAST)
+    assert "raise PermissionError('not run: the cell uses __main__')" in [c["source"] for c in plan["cells"]]
 
 
 def test_the_words_an_answer_may_not_use_are_found_in_code_not_in_comments():

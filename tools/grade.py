@@ -145,11 +145,16 @@ def student_cells(nb: dict, edition: dict, exercises: list[ms.Exercise]) -> dict
 
 def banned_words(sources: list[str], spec: gs.Spec) -> list[str]:
     """The forbidden or banned words an answer's cells use (names, attributes and operators, not comments)."""
+    return used_words(sources, [*gs.ALWAYS_BANNED, *spec.banned, *(f.rsplit(".", 1)[-1] for f in spec.forbidden)])
+
+
+def used_words(sources: list[str], words: list[str]) -> list[str]:
+    """Which of `words` the cells use: a name or attribute, a dotted name, an identifier inside a string, the `@`
+    operator, or a call (`name(`)."""
     import ast
     import io
     import tokenize
 
-    words = [*gs.ALWAYS_BANNED, *spec.banned, *(f.rsplit(".", 1)[-1] for f in spec.forbidden)]
     used = set()
     for text in sources:
         try:
@@ -161,8 +166,14 @@ def banned_words(sources: list[str], spec: gs.Spec) -> list[str]:
         dotted = {ast.unparse(n) for n in ast.walk(tree) if isinstance(n, (ast.Attribute, ast.Name))}
         names = {t.string for t in tokens}
         strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        bare = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
         for word in words:
-            if word in names or word in dotted or any(d.endswith("." + word) for d in dotted if "." in word) or any(word in s for s in strings) and len(word) > 3 and word.isidentifier():
+            if word in gs.BUILTINS:  # `eval(...)` is refused, `model.eval()` is not
+                found = word in bare
+            else:
+                found = word in names or word in dotted or any(d.endswith("." + word) for d in dotted if "." in word)
+            in_strings = len(word) > 3 and word.isidentifier() and any(word in s for s in strings)
+            if found or in_strings:
                 used.add(word)
         if "@" in words and any(isinstance(n, ast.MatMult) for n in ast.walk(tree)):
             used.add("@")
@@ -349,6 +360,9 @@ def build_plan(nb: dict, edition: dict, exercises: list[ms.Exercise], specs: dic
             exercise = by_solution[cid]
             start = len(cells)
             for k, text in enumerate(mine[exercise.number], 1):
+                refused = used_words([text], list(gs.ALWAYS_BANNED))
+                if refused:  # never run: such a cell could reach the grader's machinery
+                    text = f"raise PermissionError({f'not run: the cell uses {refused[0]}'!r})"
                 cells.append({"source": text, "name": f"exercise {exercise.number}, your cell {k}"})
             if exercise.number in specs and exercise.number in hidden:
                 spec = specs[exercise.number]

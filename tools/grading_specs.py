@@ -84,13 +84,20 @@ class Spec:
         return [*self.compare, *self.also]
 
 
-# Words no graded answer may use: they run code the grader cannot read, reach outside the notebook, or rebind the
-# machinery. Honest answers to this course's exercises need none of them.
+# Words no graded answer may use: they run code the grader cannot read, reach outside the notebook, or reach the
+# sandbox's own machinery (its plan, its channel to the grader). Honest answers to this course's exercises need
+# none of them; a student's cell that uses one is not run at all.
 ALWAYS_BANNED = ("exec", "eval", "compile", "__import__", "importlib", "globals", "locals", "vars", "__dict__",
                  "__builtins__", "builtins", "sys.modules", "gc", "inspect", "ctypes", "subprocess", "os.system",
                  "os.popen", "os._exit", "open", "pathlib", "io", "pickle", "marshal", "runpy", "socket", "urllib",
                  "_getframe", "__code__", "__globals__", "__closure__", "setattr", "delattr", "nbformat", "signal",
-                 "resource", "threading", "multiprocessing")
+                 "resource", "threading", "multiprocessing", "__main__", "stdin", "fileno", "fdopen", "os.write",
+                 "os.read", "dup", "dup2", "mmap", "pdb", "breakpoint", "tb_frame", "f_back", "f_globals", "f_locals",
+                 "gi_frame", "cr_frame", "__traceback__", "__subclasses__", "__mro__", "__bases__", "__base__",
+                 "_exit", "shelve", "dill", "cloudpickle", "ptrace", "codecs")
+# of those, the builtins: refused as names (`eval(...)`), not as attributes (`model.eval()`)
+BUILTINS = ("exec", "eval", "compile", "open", "vars", "globals", "locals", "breakpoint", "__import__", "setattr",
+            "delattr")
 
 
 def softmax_rows(scores):
