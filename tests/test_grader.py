@@ -609,8 +609,8 @@ def causal_scores(q, k, block=16):
 }
 CH10_CHEATS = {  # the whole sequence's SDPA sliced; the variable the check compares with; the chapter's model (with
     # positions); an empty kernel
-    1: "whole = F.scaled_dot_product_attention(q_ex, k_ex, v_ex, is_causal=True, enable_gqa=True)\n"
-                "outputs = [whole[..., :3, :]] + [whole[..., t : t + 1, :] for t in range(3, 7)]\n"
+    1: "full = F.scaled_dot_product_attention(q_ex, k_ex, v_ex, is_causal=True, enable_gqa=True)\n"
+                "outputs = [full[..., :3, :]] + [full[..., t : t + 1, :] for t in range(3, 7)]\n"
                 "keys_so_far, values_so_far = k_ex, v_ex",
     2: "official\nright_rope = whole",
     3: "blind = model\nblind_acc = accuracies(blind)[0]\nblind_share = torch.zeros(H_m)",
@@ -726,3 +726,4 @@ def test_chapter_10_training_full_marks_for_the_solutions_none_for_cheats(tmp_pa
     assert scores == {"official": {1: 1, 2: 1, 3: 1, 5: 1}, "cheats": {1: 0, 2: 0, 3: 0, 5: 0}}, {
         name: r.reasons for name, r in results.items()}
     assert results["cheats"].reasons[3] == "`blind` still has position embeddings"
+    assert results["cheats"].reasons[2].startswith("`right_rope`: expected the decoded outputs")

@@ -145,7 +145,14 @@ def student_cells(nb: dict, edition: dict, exercises: list[ms.Exercise]) -> dict
 
 def banned_words(sources: list[str], spec: gs.Spec) -> list[str]:
     """The forbidden or banned words an answer's cells use (names, attributes and operators, not comments)."""
-    return used_words(sources, [*gs.ALWAYS_BANNED, *spec.banned, *(f.rsplit(".", 1)[-1] for f in spec.forbidden)])
+    return used_words(sources, [*gs.ALWAYS_BANNED, *spec.banned, *map(forbidden_word, spec.forbidden)])
+
+
+def forbidden_word(dotted: str) -> str:
+    """The word an answer may not use for a forbidden function: its name (`attention_weights`), or, for a short
+    name that other code uses too (`grad`, `mm`), its last two parts (`autograd.grad`, `torch.mm`)."""
+    parts = dotted.split(".")
+    return parts[-1] if len(parts[-1]) >= 5 else ".".join(parts[-2:])
 
 
 def used_words(sources: list[str], words: list[str]) -> list[str]:

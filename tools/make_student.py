@@ -178,7 +178,7 @@ def hidden_test_lines(spec: gs.Spec, names: list[str]) -> list[str]:
     parts = [f"{name}: {check.describe()}" if name in names else check.describe()
              for name, check in spec.compare.items()]
     text = "The grader runs your answer again on inputs you have not seen and checks " + "; ".join(parts) + "."
-    avoid = [f.rsplit(".", 1)[-1] for f in spec.forbidden] + [w for w in spec.banned if w not in spec.forbidden]
+    avoid = [*(f.rsplit(".", 1)[-1] for f in spec.forbidden), *spec.banned]
     if avoid:
         text += " Write it yourself: it may not use " + ", ".join(dict.fromkeys(avoid)) + "."
     return textwrap.wrap(text, 86, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False)
