@@ -360,14 +360,15 @@ def build(out: pathlib.Path = OUT, root: pathlib.Path = ROOT, variant: str | Non
     return written
 
 
-# what a copy of the book for a term needs: its sources, never the generated editions or the build
-BOOK_SKIP = (".git", ".venv", "_build", "student", "colab", "node_modules", "__pycache__", ".pytest_cache")
+# what a copy of the book for a term needs: its sources, never the generated editions, the build or the tests
+# (whose submissions hold correct answers)
+BOOK_SKIP = (".git", ".venv", "_build", "student", "colab", "tests", "node_modules", "__pycache__", ".pytest_cache")
 
 
 def book_without_solutions(dest: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     """Copy the book's sources to dest with every exercise's solution left out: each solution cell becomes its stub
-    (without outputs) and each written Solution is removed. `jupyter-book build dest` then builds the book a class
-    reads while its exercises are open; the grading cells stay, as self-checks."""
+    (without outputs) and each written Solution is removed. `PYTHONPATH=dest jupyter-book build dest` then builds the
+    book a class reads while its exercises are open; the grading cells stay, as self-checks."""
     if dest.resolve() == root.resolve() or root.resolve() in dest.resolve().parents:
         raise StudentError(f"{dest}: the copy must lie outside the course checkout")
     shutil.copytree(root, dest, ignore=shutil.ignore_patterns(*BOOK_SKIP), dirs_exist_ok=True)
@@ -410,7 +411,7 @@ def main(argv=None) -> int:
         if args.book_without_solutions:
             written = book_without_solutions(args.book_without_solutions)
             print(f"wrote {len(written)} chapters without solutions under {args.book_without_solutions}; "
-                  f"build it with: jupyter-book build {args.book_without_solutions}")
+                  f"build it with: PYTHONPATH={args.book_without_solutions} jupyter-book build {args.book_without_solutions}")
             return 0
         written = build(args.out, variant=args.variant)
     except (StudentError, mc.ConversionError) as exc:
