@@ -607,20 +607,23 @@ def causal_scores(q, k, block=16):
     s = q @ k.T / math.sqrt(q.shape[1])
     return s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))''',
 }
+# chapter 10's exercises, by their hidden tests' labels (chapter 10 is being split: the labels find them wherever)
 CH10_CHEATS = {  # the whole sequence's SDPA sliced; the variable the check compares with; the chapter's model (with
-    # positions); an empty kernel
-    1: "full = F.scaled_dot_product_attention(q_ex, k_ex, v_ex, is_causal=True, enable_gqa=True)\n"
-                "outputs = [full[..., :3, :]] + [full[..., t : t + 1, :] for t in range(3, 7)]\n"
-                "keys_so_far, values_so_far = k_ex, v_ex",
-    2: "official\nright_rope = whole",
-    3: "blind = model\nblind_acc = accuracies(blind)[0]\nblind_share = torch.zeros(H_m)",
-    5: "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
-                "def rope_kernel(X, OUT, THETA, offset, E, BLOCK: tl.constexpr):\n    pass\n\n\n"
-                "def rope(x, offset=0):\n    return positions.apply_rope(x, offset=offset)",
+    # positions); an empty kernel behind the library's RoPE
+    "head-to-model/gqa-decode":
+        "full = F.scaled_dot_product_attention(q_ex, k_ex, v_ex, is_causal=True, enable_gqa=True)\n"
+        "outputs = [full[..., :3, :]] + [full[..., t : t + 1, :] for t in range(3, 7)]\n"
+        "keys_so_far, values_so_far = k_ex, v_ex",
+    "head-to-model/rope-offset": "official\nright_rope = whole",
+    "head-to-model/no-positions": "blind = model\nblind_acc = accuracies(blind)[0]\nblind_share = torch.zeros(H_m)",
+    "head-to-model/rope-kernel":
+        "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+        "def rope_kernel(X, OUT, THETA, offset, E, BLOCK: tl.constexpr):\n    pass\n\n\n"
+        "def rope(x, offset=0):\n    return positions.apply_rope(x, offset=offset)",
 }
 CH10_MISTAKES = {  # `repeat` for `repeat_interleave`; train()'s 4-tuple used as the model
-    1: ("official", "repeat_interleave(3, dim=1)", "repeat(1, 3, 1, 1)"),
-    3: "blind = train(positions=False)\nblind_acc = 0.2\nblind_share = torch.zeros(H_m)",
+    "head-to-model/gqa-decode": ("official", "repeat_interleave(3, dim=1)", "repeat(1, 3, 1, 1)"),
+    "head-to-model/no-positions": "blind = train(positions=False)\nblind_acc = 0.2\nblind_share = torch.zeros(H_m)",
 }
 
 
@@ -715,15 +718,39 @@ def test_chapter_9_triton_and_autograd_full_marks_for_correct_work_none_for_mist
     assert results["official"].ungraded == [1]  # no hidden test until its statement names its inputs
 
 
-CH10 = "chapters/10_from_head_to_model.ipynb"
+def located(label):
+    """The chapter and today's number of the exercise a hidden test grades."""
+    for doc, path in OFFICIAL.by_doc.items():
+        for number, spec in OFFICIAL.edition(doc)[2].items():
+            if spec.label == label:
+                return path, number
+    raise LookupError(label)
+
+
+def by_chapter(answers):
+    """Answers keyed by hidden-test label, regrouped as chapter path -> {exercise number: answer}."""
+    grouped = {}
+    for label, answer in answers.items():
+        path, number = located(label)
+        grouped.setdefault(path, {})[number] = answer
+    return grouped
 
 
 def test_chapter_10_training_full_marks_for_the_solutions_none_for_cheats(tmp_path):
-    subs = {"official": (official_answers(ROOT / CH10), None),
-            "cheats": ({**official_answers(ROOT / CH10), **CH10_CHEATS}, None)}
-    results = grade_chapter(tmp_path, CH10, subs, grade.Limits(timeout=500, cell_timeout=250))
-    scores = {name: {n: int(s) for n, s in r.scores.items()} for name, r in results.items()}
-    assert scores == {"official": {1: 1, 2: 1, 3: 1, 5: 1}, "cheats": {1: 0, 2: 0, 3: 0, 5: 0}}, {
-        name: r.reasons for name, r in results.items()}
-    assert results["cheats"].reasons[3] == "`blind` still has position embeddings"
-    assert results["cheats"].reasons[2].startswith("`right_rope`: expected the decoded outputs")
+    folder = tmp_path / "handed-in"
+    cheats = by_chapter(CH10_CHEATS)
+    for path, answers in cheats.items():
+        submit(folder, "official", submission(path, official_answers(path)), name=path.name)
+        submit(folder, "cheats", submission(path, {**official_answers(path), **answers}), name=path.name)
+    limit = grade.Limits(timeout=500, cell_timeout=250)
+    with grade.concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda p: grade.grade(p, folder, OFFICIAL, 11, limit), grade.submissions(folder)))
+    scores = {(r.student, r.label, n): int(s) for r in results for n, s in r.scores.items()}
+    touched = {(OFFICIAL.label(mc.docname(BOOK, path)), n) for path, answers in cheats.items() for n in answers}
+    assert touched <= {(label, n) for _, label, n in scores}, "a cheat's exercise has no hidden test"
+    assert {key: s for key, s in scores.items()} == {
+        (student, label, n): int(student == "official" or (label, n) not in touched) for student, label, n in scores
+    }, {(r.student, r.label): r.reasons for r in results}
+    why = {(r.label, n): w for r in results if r.student == "cheats" for n, w in r.reasons.items()}
+    assert why[OFFICIAL.label(mc.docname(BOOK, located("head-to-model/no-positions")[0])),
+               located("head-to-model/no-positions")[1]] == "`blind` still has position embeddings"
