@@ -6,7 +6,7 @@ untouched, wrong, hard-coded, patched, endless, memory-hungry, self-killing, fil
 and its reports (score CSV, feedback, gradebook). Then on every chapter without running it: each solution is
 stubbed, each grading cell kept, no solution text left, student/ and the instructors' table current, every hidden
 test matched to its exercise. Last, the proof on three kinds of real chapter, run whole in the sandbox: chapter 4
-(NumPy), chapter 9 (a Triton kernel in the interpreter, an autograd function) and chapter 10 (training a model, a
+(NumPy), chapter 9 (a Triton kernel in the interpreter, an autograd function) and chapter 11 (training a model, a
 Triton kernel): the official solutions and independently written correct ones get full marks, typical mistakes
 and every cheat score 0 on what they touch and nothing else.
 """

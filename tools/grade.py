@@ -6,7 +6,7 @@ Usage: python tools/grade.py SUBMISSIONS [--seed N] [-j N] [--variant NAME] [--p
                              [--feedback folder] [--timeout 900] [--cell-timeout 300] [--memory-gb 6]
        (`make grade SUBMISSIONS=dir` runs it)
 
-SUBMISSIONS holds one folder per student (`alice/11_one_merge.ipynb`, ...) or notebooks named
+SUBMISSIONS holds one folder per student (`alice/12_one_merge.ipynb`, ...) or notebooks named
 `<student>_NN_slug.ipynb`; the chapter is read from the notebook's `student_edition` metadata (tools/make_student.py
 writes it) or its file name. Each notebook is graded thus (instructors.md, "Grading what students hand in"):
 - what runs is the official chapter's own cells and, for each graded exercise, the cells the student wrote under
@@ -57,7 +57,7 @@ RUNNER = (ROOT / "tools" / "sandbox_runner.py").read_text()
 @dataclasses.dataclass
 class Result:
     student: str
-    chapter: str  # the chapter's document name, chapters/11_one_merge
+    chapter: str  # the chapter's document name, chapters/12_one_merge
     label: str  # the chapter's number, from its file name: "11"
     scores: dict[int, float]  # exercise number -> points scored
     reasons: dict[int, str]  # exercise number -> why it scored 0
@@ -82,7 +82,7 @@ class Official:
         doc = nb.get("metadata", {}).get("student_edition", {}).get("chapter")
         if doc in self.by_doc:
             return doc
-        for candidate in self.by_doc:  # by file name: alice_11_one_merge.ipynb, 11_one_merge.ipynb
+        for candidate in self.by_doc:  # by file name: alice_12_one_merge.ipynb, 12_one_merge.ipynb
             if path.stem.endswith(candidate.rsplit("/", 1)[-1]):
                 return candidate
         raise ValueError(f"{path}: cannot tell which chapter this is (no student_edition metadata, no chapter name)")
