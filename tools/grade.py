@@ -1,39 +1,57 @@
-"""Grade a folder of handed-in student editions and print a score table: one row per student, one column per
-graded exercise.
+"""Grade a folder of handed-in student editions with hidden tests, and write the scores, per-student feedback and a
+gradebook an LMS imports.
 
-Usage: python tools/grade.py SUBMISSIONS [--timeout 900] [--cell-timeout 600] [--csv scores.csv]
+Usage: python tools/grade.py SUBMISSIONS [--seed N] [-j N] [--variant NAME] [--points points.csv]
+                             [--csv scores.csv] [--lms canvas|moodle --roster roster.csv --gradebook out.csv]
+                             [--feedback folder] [--timeout 900] [--cell-timeout 300] [--memory-gb 6]
        (`make grade SUBMISSIONS=dir` runs it)
 
 SUBMISSIONS holds one folder per student (`alice/12_one_merge.ipynb`, ...) or notebooks named
-`<student>_NN_slug.ipynb` (or `<student>/<anything>.ipynb`: the chapter is read from the notebook's
-`student_edition` metadata, which tools/make_student.py writes). Each notebook is graded thus:
-- its grading cells are replaced by the official ones, generated afresh from chapters/ (tools/make_student.py), so an
-  edited grading cell grades nothing; a deleted one scores 0 ("grading cell missing");
-- it runs top to bottom in a fresh kernel (nbclient, the executor Jupyter Book uses), from an empty temporary
-  folder, with the course library on its path, errors allowed, within a time limit per cell and per notebook;
-- an exercise scores 1 if its grading cell ran and raised nothing, 0 otherwise, with the reason (the error's
-  type, "not run: time limit", ...) listed under the table.
+`<student>_NN_slug.ipynb`; the chapter is read from the notebook's `student_edition` metadata (tools/make_student.py
+writes it) or its file name. Each notebook is graded thus (instructors.md, "Grading what students hand in"):
+- what runs is the official chapter's own cells and, for each graded exercise, the cells the student wrote under
+  it; anything else the student changed or added (a grading cell, a chapter cell, a cell that patches the library)
+  is left out;
+- it runs in its own process (tools/sandbox_runner.py), in a fresh folder that holds only that code and a copy of
+  the library, under a CPU-time, memory and wall-clock limit, without network (a network namespace where the
+  system allows one; an audit hook in any case), refused access to the course checkout and the submissions;
+- right after an exercise's cells, the sandbox runs them again with the exercise's inputs replaced by hidden ones,
+  drawn from the seed, the student and the exercise (tools/grading_specs.py), and sends the answers back as data;
+  this process compares them with the library's answers on the same inputs, computed here, never in the sandbox;
+- a cell that runs past its limit, exhausts memory or ends the process costs the exercise it belongs to: the
+  sandbox starts again without that cell, and the other exercises are graded as usual.
+An exercise scores its points (1 unless --points says otherwise) when every hidden answer matches, 0 otherwise,
+with the reason: which name, what was expected in kind, and the first error in the student's own cells.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import csv
 import dataclasses
+import hashlib
+import json
 import os
 import pathlib
+import re
+import secrets
+import select
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
 
-import nbformat
-from nbclient import NotebookClient
-from nbclient.exceptions import CellTimeoutError, DeadKernelError
+import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path[:0] = [str(ROOT / "tools"), str(ROOT)]  # the library the hidden tests' answers come from: this checkout's
+import grading_specs as gs
 import make_colab as mc
 import make_student as ms
+
+RUNNER = (ROOT / "tools" / "sandbox_runner.py").read_text()
 
 
 @dataclasses.dataclass
@@ -41,19 +59,24 @@ class Result:
     student: str
     chapter: str  # the chapter's document name, chapters/12_one_merge
     label: str  # the chapter's number, from its file name: "11"
-    scores: dict[int, int]  # exercise number -> 1 or 0
+    scores: dict[int, float]  # exercise number -> points scored
     reasons: dict[int, str]  # exercise number -> why it scored 0
-    seconds: float  # wall-clock seconds the notebook ran
-    cpu_seconds: float | None  # processor seconds its kernel used, if it ran to the end
+    seconds: float  # wall-clock seconds grading took
+    cpu_seconds: float | None  # processor seconds the sandbox used
+    points: dict[int, float] = dataclasses.field(default_factory=dict)  # exercise number -> points possible
+    titles: dict[int, str] = dataclasses.field(default_factory=dict)  # exercise number -> spec label
+    ungraded: list[int] = dataclasses.field(default_factory=list)  # graded exercises with no hidden test yet
 
 
 class Official:
-    """The official grading cells of each chapter, generated from chapters/ once per chapter."""
+    """The official chapters: each one's student edition, exercises and the hidden tests that grade them."""
 
-    def __init__(self, root: pathlib.Path = ROOT):
+    def __init__(self, root: pathlib.Path = ROOT, specs=None):
+        self.root = root
         self.book = mc.Book(root)
         self.by_doc = {mc.docname(self.book, p): p for p in self.book.chapters}
-        self._cache: dict[str, tuple[dict, list[ms.Exercise]]] = {}
+        self.specs = gs.SPECS if specs is None else specs
+        self._cache: dict[str, tuple[dict, list[ms.Exercise], dict]] = {}
 
     def chapter_of(self, nb: dict, path: pathlib.Path) -> str:
         doc = nb.get("metadata", {}).get("student_edition", {}).get("chapter")
@@ -64,9 +87,12 @@ class Official:
                 return candidate
         raise ValueError(f"{path}: cannot tell which chapter this is (no student_edition metadata, no chapter name)")
 
-    def edition(self, doc: str) -> tuple[dict, list[ms.Exercise]]:
+    def edition(self, doc: str) -> tuple[dict, list[ms.Exercise], dict]:
+        """The student edition, its exercises, and exercise number -> the spec that grades it."""
         if doc not in self._cache:
-            self._cache[doc] = ms.edition(self.book, self.by_doc[doc])
+            nb, exercises = ms.edition(self.book, self.by_doc[doc], self.specs)
+            original = {c["id"]: mc.source(c) for c in mc.read_notebook(self.by_doc[doc])["cells"]}
+            self._cache[doc] = nb, exercises, gs.specs_for(exercises, original, self.specs)
         return self._cache[doc]
 
     def label(self, doc: str) -> str:
@@ -83,109 +109,386 @@ def student_name(folder: pathlib.Path, path: pathlib.Path, chapter: str) -> str:
     return (stem[: -len(slug)].rstrip("_-. ") or stem) if stem.endswith(slug) else stem
 
 
-GRADER_IMPORT = "from lib.notebook import checks  # the grader's own\n"
+# ---------------------------------------------------------------------------------------------- what runs
 
 
-def find_grading_cell(nb: nbformat.NotebookNode, exercise: ms.Exercise):
-    """The submission's grading cell of an exercise: by its cell id, or, where an editor dropped the ids, by the
-    edition's title line or the `checks("exercise N")` it opens with. None if the student deleted it."""
-    code = [cell for cell in nb.cells if cell.cell_type == "code"]
-    by_id = [cell for cell in code if cell.get("id") == exercise.check]
-    if by_id:
-        return by_id[0]
-    marks = (f"Grading cell for exercise {exercise.number}:", f'checks("exercise {exercise.number}")')
-    by_text = [cell for cell in code if any(mark in mc.source(cell) for mark in marks)]
-    return by_text[0] if len(by_text) == 1 else None
-
-
-def prepare(nb: nbformat.NotebookNode, official: dict, exercises: list[ms.Exercise]) -> tuple[dict, dict[int, str]]:
-    """Put the official grading cells in place of the submission's. Return exercise -> the cell that grades it, and
-    exercise -> 'grading cell missing' where the student deleted it."""
-    cells = {c["id"]: c for c in official["cells"]}
-    targets, missing = {}, {}
+def student_cells(nb: dict, edition: dict, exercises: list[ms.Exercise]) -> dict[int, list[str]]:
+    """Exercise number -> the sources of the code cells the student wrote under it: from the exercise's statement
+    (or its first answer cell) to its grading cell, or to the next exercise. Found by cell id, or, where an editor
+    dropped the ids, by the stub's first line ("# Exercise N: your answer goes here")."""
+    official = {c.get("id"): c for c in edition["cells"]}
+    opens = {}
     for exercise in exercises:
-        if not exercise.graded:
+        opens[exercise.statement] = opens[exercise.solutions[0] if exercise.solutions else None] = exercise.number
+    closes = {e.check for e in exercises if e.check}
+    found: dict[int, list[str]] = {e.number: [] for e in exercises}
+    current = None
+    for cell in nb.get("cells", []):
+        cid, text = cell.get("id"), mc.source(cell)
+        stub_mark = re.match(r"# Exercise (\d+)[: ]", text)
+        if cid in opens and cid is not None:
+            current = opens[cid]
+        elif cid not in official and stub_mark and int(stub_mark.group(1)) in found:
+            current = int(stub_mark.group(1))
+        if cid in closes or (cell.get("cell_type") == "code" and "Grading cell for exercise" in text):
+            current = None
             continue
-        cell = find_grading_cell(nb, exercise)
-        if cell is None:
-            missing[exercise.number] = "grading cell missing"
+        if cid in official and cid not in opens and cell.get("cell_type") == "markdown" and current is not None:
+            if any(cid == e.statement for e in exercises):
+                current = None
             continue
-        # checks imported afresh: a student's own `checks` (a variable, say) cannot stand in for the course's
-        cell.source = GRADER_IMPORT + mc.source(cells[exercise.check]).split("\n", 1)[1]
-        targets[exercise.number] = cell
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    return targets, missing
+        solution = any(cid in e.solutions for e in exercises)
+        if current is not None and cell.get("cell_type") == "code" and (solution or cid not in official):
+            found[current].append(text)  # the chapter's own cells run as the chapter has them
+    return found
 
 
-def error_of(cell) -> str | None:
-    for output in cell.get("outputs", []):
-        if output.get("output_type") == "error":
-            return f"{output.get('ename', 'Error')}: {output.get('evalue', '')}".strip().rstrip(":")[:120]
+def banned_words(sources: list[str], spec: gs.Spec) -> list[str]:
+    """The forbidden or banned words an answer's cells use (names, attributes and operators, not comments)."""
+    return used_words(sources, [*gs.ALWAYS_BANNED, *spec.banned, *map(forbidden_word, spec.forbidden)])
+
+
+def forbidden_word(dotted: str) -> str:
+    """The word an answer may not use for a forbidden function: its name (`attention_weights`), or, for a short
+    name that other code uses too (`grad`, `mm`), its last two parts (`autograd.grad`, `torch.mm`)."""
+    parts = dotted.split(".")
+    return parts[-1] if len(parts[-1]) >= 5 else ".".join(parts[-2:])
+
+
+def used_words(sources: list[str], words: list[str]) -> list[str]:
+    """Which of `words` the cells use: a name or attribute, a dotted name, an identifier inside a string, the `@`
+    operator, or a call (`name(`)."""
+    import ast
+    import io
+    import tokenize
+
+    used = set()
+    for text in sources:
+        try:
+            tokens = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
+                      if t.type in (tokenize.NAME, tokenize.OP)]
+            tree = ast.parse(text)
+        except (tokenize.TokenError, SyntaxError, IndentationError):
+            continue  # a cell that does not parse fails in the sandbox, with its own message
+        dotted = {ast.unparse(n) for n in ast.walk(tree) if isinstance(n, (ast.Attribute, ast.Name))}
+        names = {t.string for t in tokens}
+        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+        bare = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        for word in words:
+            if word in gs.BUILTINS:  # `eval(...)` is refused, `model.eval()` is not
+                found = word in bare
+            else:
+                found = word in names or word in dotted or any(d.endswith("." + word) for d in dotted if "." in word)
+            in_strings = len(word) > 3 and word.isidentifier() and any(word in s for s in strings)
+            if found or in_strings:
+                used.add(word)
+        if "@" in words and any(isinstance(n, ast.MatMult) for n in ast.walk(tree)):
+            used.add("@")
+        calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        used.update(w for w in words if w.endswith("(") and w[:-1] in calls)  # "rotary(": that name called
+    return sorted(used)
+
+
+def encode_inputs(inputs: dict, spec: gs.Spec) -> dict:
+    out = {}
+    for name, value in inputs.items():
+        if isinstance(value, np.ndarray):
+            kind = "torch" if name in spec.torch_inputs else "numpy"
+            out[name] = {"__array__": value.tolist(), "dtype": str(value.dtype), "shape": list(value.shape),
+                         "kind": kind}
+        else:
+            out[name] = value
+    return out
+
+
+def decode_answer(value):
+    """An answer sent by the sandbox, as NumPy arrays, numbers and lists; never a torch tensor or an object."""
+    if isinstance(value, dict) and "__array__" in value:
+        array = np.array(value["__array__"], dtype=np.float64 if value["dtype"].startswith(("float", "bfloat"))
+                         else None)
+        return array.reshape(value["shape"]) if array.size == int(np.prod(value["shape"])) else array
+    if isinstance(value, dict) and "__type__" in value:
+        return value
+    if isinstance(value, dict):
+        return {k: decode_answer(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [decode_answer(v) for v in value]
+    return value
+
+
+def draw(seed: int, student: str, spec: gs.Spec, variant: str | None) -> list[tuple[dict, dict]]:
+    """The hidden inputs of one exercise for one student (spec.draws sets of them), each with the exercise's
+    parameters: from the seed, never stored."""
+    digest = hashlib.sha256(f"{seed}\0{student}\0{spec.label}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    params = dict(spec.params)
+    if variant and variant in spec.variants:
+        params.update(spec.variants[variant][0])
+    return [(spec.make(rng, params), params) for _ in range(spec.draws)]
+
+
+# ---------------------------------------------------------------------------------------------- comparing
+
+
+def describe_kind(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {tuple(value.shape)}"
+    if isinstance(value, dict) and "__type__" in value:
+        return "`...` (not answered yet)" if value["__type__"] == "ellipsis" else f"an object of type {value['__type__']}"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return f"an object of type {type(value).__name__}"
+
+
+def compare(name: str, check, got, expected, answers: dict, inputs: dict) -> str | None:
+    """None if the answer passes; otherwise what was expected in kind, never the expected value."""
+    if isinstance(check, gs.Holds):
+        return check.test(answers, inputs)
+    if isinstance(check, gs.Whole):
+        value = np.asarray(got).item() if isinstance(got, (np.ndarray, np.generic)) and np.size(got) == 1 else got
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            return f"`{name}`: expected {check.describe()}, got {describe_kind(got)}"
+        return None if int(value) == int(expected) else f"`{name}`: not {check.describe()} for these inputs"
+    want = np.asarray(expected, dtype=np.float64)
+    try:
+        have = np.asarray(got, dtype=np.float64)
+    except (TypeError, ValueError):
+        return f"`{name}`: expected {check.kind} ({want.size} numbers), got {describe_kind(got)}"
+    if have.shape != want.shape and have.size == want.size and have.squeeze().shape == want.squeeze().shape:
+        have = have.reshape(want.shape)  # (1, 3) for (3,): the same numbers
+    if have.shape != want.shape:
+        return f"`{name}`: expected {check.kind}, shape {want.shape}; yours has shape {have.shape}"
+    if np.allclose(have, want, rtol=check.rtol, atol=check.atol, equal_nan=False):
+        return None
+    wrong = int((~np.isclose(have, want, rtol=check.rtol, atol=check.atol)).sum())
+    return f"`{name}`: expected {check.describe()}; {wrong} of {want.size} differ on the hidden inputs"
+
+
+# ---------------------------------------------------------------------------------------------- the sandbox
+
+
+def network_prefix() -> list[str]:
+    """`unshare -rn` (a network namespace with no interface) where the system allows it, else nothing: the
+    sandbox's audit hook refuses sockets either way."""
+    unshare = shutil.which("unshare")
+    if unshare and subprocess.run([unshare, "-rn", "true"], check=False, capture_output=True).returncode == 0:
+        return [unshare, "-rn"]
+    return []
+
+
+NETWORK = None
+
+
+@dataclasses.dataclass
+class Limits:
+    timeout: float = 900  # wall-clock seconds for a whole notebook, every restart included
+    cell_timeout: float = 300  # seconds one cell may run
+    memory_gb: float = 6  # address space of the sandbox
+    grace: float = 15  # seconds past a cell's limit before a sandbox that ignores it is ended
+
+
+def sandbox(plan: dict, work: pathlib.Path, deny: list[pathlib.Path], limit: Limits, deadline: float):
+    """Run a plan once in a fresh sandbox folder. Yield the runner's messages; stop when it ends or is killed.
+    Return (via the last message) how it ended."""
+    global NETWORK
+    if NETWORK is None:
+        NETWORK = network_prefix()
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="student-", dir=work))
+    shutil.copytree(ROOT / "lib", folder / "lib", ignore=shutil.ignore_patterns("__pycache__"))
+    allow = [folder, *{pathlib.Path(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}]
+    cpu = max(10.0, deadline - time.monotonic())
+    plan = {**plan, "deny": [str(p) for p in deny] + [str(work)], "allow": [str(p) for p in allow],
+            "cpu_seconds": int(cpu) + 1, "memory_bytes": int(limit.memory_gb * 2**30)}
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "MPLBACKEND": "Agg",
+           "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "TRITON_CACHE_DIR": str(folder / ".triton"), "MPLCONFIGDIR": str(folder / ".mpl"), "LANG": "C.UTF-8"}
+    command = [*NETWORK, sys.executable, "-I", "-c", RUNNER]
+    process = subprocess.Popen(command, cwd=folder, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        process.stdin.write(json.dumps(plan).encode())
+        process.stdin.close()
+    except BrokenPipeError:
+        pass
+    buffer = b""
+    cell_started = time.monotonic()
+    ended = "ended"
+    try:
+        while True:
+            now = time.monotonic()
+            if now > deadline:
+                ended = "time limit (the notebook's)"
+                break
+            if now - cell_started > limit.cell_timeout + limit.grace:
+                ended = "time limit"
+                break
+            ready, _, _ = select.select([process.stdout], [], [], 0.5)
+            if ready:
+                chunk = os.read(process.stdout.fileno(), 1 << 16)
+                if not chunk:
+                    break
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    try:
+                        message = json.loads(line)
+                    except ValueError:
+                        continue
+                    if "start" in message:
+                        cell_started = time.monotonic()
+                    yield message
+    finally:
+        try:  # the runner has said all it will: end it, and anything it left behind
+            os.killpg(process.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        shutil.rmtree(folder, ignore_errors=True)
+    code = process.returncode
+    if ended == "ended" and code not in (0, None):
+        ended = {-9: "killed (CPU time or memory limit)", -24: "CPU time limit"}.get(code, f"exit status {code}")
+    yield {"ended": ended, "cpu": usage.ru_utime + usage.ru_stime}
+
+
+def build_plan(nb: dict, edition: dict, exercises: list[ms.Exercise], specs: dict[int, gs.Spec],
+               hidden: dict[int, tuple[dict, dict]], limit: Limits) -> dict:
+    """The cells the sandbox runs (the official chapter's, with the student's own under each exercise; no grading
+    cell), and for each graded exercise its hidden inputs, answers and forbidden functions."""
+    mine = student_cells(nb, edition, exercises)
+    by_solution = {e.solutions[0]: e for e in exercises if e.solutions}
+    skip = {cid for e in exercises for cid in [*e.solutions[1:], e.check] if cid}
+    cells, plan_exercises = [], {}
+    for cell in edition["cells"]:
+        cid = cell.get("id")
+        if cell["cell_type"] != "code" or cid in skip:
+            continue
+        if cid in by_solution:
+            exercise = by_solution[cid]
+            start = len(cells)
+            for k, text in enumerate(mine[exercise.number], 1):
+                refused = used_words([text], list(gs.ALWAYS_BANNED))
+                if refused:  # never run: such a cell could reach the grader's machinery
+                    text = f"raise PermissionError({f'not run: the cell uses {refused[0]}'!r})"
+                cells.append({"source": text, "name": f"exercise {exercise.number}, your cell {k}"})
+            if exercise.number in specs and exercise.number in hidden:
+                spec = specs[exercise.number]
+                plan_exercises[exercise.number] = {
+                    "cells": list(range(start, len(cells))),
+                    "inputs": [encode_inputs(inputs, spec) for inputs, _ in hidden[exercise.number]],
+                    "answers": spec.answers, "forbidden": [*spec.forbidden, *spec.poison], "harness": spec.harness,
+                    "rerun": spec.rerun, "timeout": min(spec.timeout, limit.cell_timeout)}
+            continue
+        cells.append({"source": mc.source(cell), "name": f"chapter cell {cid}"})
+    return {"cells": cells, "exercises": plan_exercises, "skip": [], "cell_timeout": limit.cell_timeout}
+
+
+def grade(path: pathlib.Path, folder: pathlib.Path, official: Official, seed: int = 0, limit: Limits | None = None,
+          variant: str | None = None, points: dict | None = None) -> Result:
+    limit = limit or Limits()
+    start = time.monotonic()
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    doc = official.chapter_of(nb, path)
+    edition, exercises, specs = official.edition(doc)
+    student = student_name(folder, path, doc)
+    label = official.label(doc)
+    graded = [e for e in exercises if e.graded and e.number in specs]
+    reasons: dict[int, str] = {}
+    hidden = {}
+    mine = student_cells(nb, edition, exercises)
+    for exercise in graded:
+        spec = specs[exercise.number]
+        if not any(text.strip() for text in mine[exercise.number]):
+            reasons[exercise.number] = "no answer cell found"
+            continue
+        used = banned_words(mine[exercise.number], spec)
+        if used:
+            reasons[exercise.number] = (f"your answer uses {', '.join(f'`{w}`' for w in used)}, which this exercise "
+                                        "does not allow (it asks you to write that part yourself)")
+            continue
+        hidden[exercise.number] = draw(seed, student, spec, variant)
+    plan = build_plan(nb, edition, exercises, specs, hidden, limit)
+    answers: dict[int, dict] = {}
+    errors: dict[int, str] = {}  # exercise -> first error in the student's own cells
+    owner = {i: n for n, e in plan["exercises"].items() for i in e["cells"]}
+    for n, text in enumerate(plan["cells"]):
+        match = re.match(r"exercise (\d+), your cell", text["name"])
+        if match:
+            owner[n] = int(match.group(1))
+    deadline = start + limit.timeout
+    cpu = 0.0
+    with tempfile.TemporaryDirectory(prefix="grade-") as work:
+        for _attempt in range(len(graded) + 2 if plan["exercises"] else 0):  # nothing to run without a hidden test
+            running, hidden_running = None, None
+            finished = False
+            for message in sandbox(plan, pathlib.Path(work), official_deny(official, folder), limit, deadline):
+                if "start" in message:
+                    running, hidden_running = message["start"], message.get("hidden")
+                elif "done" in message:
+                    n = owner.get(message["done"])
+                    if message["error"] and n is not None:
+                        errors.setdefault(n, message["error"])
+                    elif message["error"] and n is None:
+                        errors.setdefault(0, f"{message['error']} (in the chapter's own cell)")
+                    running = None
+                elif "hidden" in message:
+                    if "answers" in message:
+                        answers[message["hidden"]] = message["answers"]
+                    else:
+                        errors.setdefault(message["hidden"], message["error"])
+                        answers[message["hidden"]] = None
+                    running, hidden_running = None, None
+                elif "finished" in message:
+                    finished = True
+                elif "ended" in message:
+                    cpu += message["cpu"]
+                    ended = message["ended"]
+            if finished or running is None or time.monotonic() > deadline:
+                break
+            # the process died or ran past its limit in cell `running`: that exercise scores 0, the rest go on
+            n = hidden_running if hidden_running is not None else owner.get(running)
+            if n is None:
+                break
+            errors[n] = f"{ended} in {'the hidden test' if hidden_running else plan['cells'][running]['name']}"
+            answers[n] = None
+            plan = {**plan, "skip": sorted({*plan["skip"], *plan["exercises"].get(n, {}).get("cells", [running])}),
+                    "exercises": {k: v for k, v in plan["exercises"].items() if k not in answers}}
+    scores, possible = {}, {}
+    for exercise in graded:
+        n = exercise.number
+        possible[n] = float((points or {}).get(f"{label}.{n}", (points or {}).get(
+            specs[n].label if n in specs else "", 1)))
+        if n not in reasons:
+            reasons[n] = judge(n, specs[n], hidden[n], answers.get(n), errors.get(n), time.monotonic() > deadline)
+        if reasons[n] is None:
+            del reasons[n]
+        scores[n] = possible[n] if n not in reasons else 0.0
+    titles = {n: s.label for n, s in specs.items()}
+    ungraded = [e.number for e in exercises if e.graded and e.number not in specs]
+    return Result(student, doc, label, scores, reasons, time.monotonic() - start, cpu, possible, titles, ungraded)
+
+
+def official_deny(official: Official, folder: pathlib.Path) -> list[pathlib.Path]:
+    """What the sandbox may not read: the course checkout (its solutions) and every submission."""
+    return [official.root.resolve(), ROOT, folder.resolve()]
+
+
+def judge(number: int, spec: gs.Spec, drawn: list[tuple[dict, dict]], sent, error: str | None,
+          late: bool) -> str | None:
+    """None if every hidden answer of an exercise passes on every draw, else why not."""
+    if sent is None or len(sent) != len(drawn):
+        return error or ("not run: the notebook's time limit" if late else "the hidden test did not run")
+    for (inputs, params), answers in zip(drawn, sent):
+        expected = spec.expect(inputs, params)
+        answers = {name: decode_answer(value) for name, value in answers.items()}
+        for name, check in spec.compare.items():
+            why = compare(name, check, answers.get(name), expected.get(name), answers, inputs)
+            if why:
+                return why + (f" (the first error in your cells: {error})" if error else "")
     return None
 
 
-# the processor seconds the kernel and its child processes used, asked of the kernel after the notebook's last cell
-CPU_TIME = ("import resource as _r\nprint(sum(getattr(_r.getrusage(who), f) for who in (_r.RUSAGE_SELF, "
-            "_r.RUSAGE_CHILDREN) for f in ('ru_utime', 'ru_stime')))")
-
-
-def run(nb: nbformat.NotebookNode, timeout: float, cell_timeout: float,
-        root: pathlib.Path = ROOT) -> tuple[str | None, float | None]:
-    """Run a notebook in a fresh kernel from an empty temporary folder. Return why it stopped early (None if it ran
-    to the end) and the processor seconds its kernel used (None if it stopped early)."""
-    env = {**os.environ, "COURSE_CLONE_DIR": str(root), "MPLBACKEND": "Agg",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    deadline = time.monotonic() + timeout
-    with tempfile.TemporaryDirectory(prefix="grade-") as folder:
-        client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
-                                resources={"metadata": {"path": folder}}, record_timing=False)
-        with client.setup_kernel(env=env, cwd=folder):
-            for index, cell in enumerate(nb.cells):
-                if cell.cell_type != "code":
-                    continue
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return "not run: time limit", None
-                client.timeout = max(1, int(min(cell_timeout, left)))
-                try:
-                    client.execute_cell(cell, index)
-                except CellTimeoutError:
-                    return "not run: time limit", None
-                except DeadKernelError:
-                    return "not run: the kernel died", None
-            probe = nbformat.v4.new_code_cell(CPU_TIME)
-            nb.cells.append(probe)  # nbclient stores the cell it ran back in the notebook
-            client.timeout = 60
-            try:
-                client.execute_cell(probe, len(nb.cells) - 1)
-                return None, float(probe.outputs[0]["text"])
-            except (CellTimeoutError, DeadKernelError, IndexError, KeyError, ValueError):
-                return None, None
-            finally:
-                nb.cells.pop()
-
-
-def grade(path: pathlib.Path, folder: pathlib.Path, official: Official, timeout: float = 900,
-          cell_timeout: float = 600) -> Result:
-    nb = nbformat.read(path, as_version=4)
-    doc = official.chapter_of(nb, path)
-    edition, exercises = official.edition(doc)
-    targets, reasons = prepare(nb, edition, exercises)
-    start = time.monotonic()
-    stopped, cpu = run(nb, timeout, cell_timeout)
-    seconds = time.monotonic() - start
-    scores = {}
-    for exercise in (e for e in exercises if e.graded):
-        if exercise.number not in reasons:
-            cell = targets[exercise.number]
-            if cell.get("execution_count") is None:
-                reasons[exercise.number] = stopped or "not run"
-            elif error_of(cell):
-                reasons[exercise.number] = error_of(cell)
-        scores[exercise.number] = 0 if exercise.number in reasons else 1
-    return Result(student_name(folder, path, doc), doc, official.label(doc), scores, reasons, seconds, cpu)
+# ---------------------------------------------------------------------------------------------- reports
 
 
 def submissions(folder: pathlib.Path) -> list[pathlib.Path]:
@@ -197,16 +500,26 @@ def submissions(folder: pathlib.Path) -> list[pathlib.Path]:
     return found
 
 
+def number(value: float) -> str:
+    return f"{value:g}"
+
+
+def columns_of(results: list[Result]) -> list[tuple[int, str, int]]:
+    return sorted({(int(r.label) if r.label.isdigit() else 0, r.label, n) for r in results for n in r.scores})
+
+
 def table(results: list[Result]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the score table: one row per student, one column per graded exercise, and the total."""
-    columns = sorted({(int(r.label) if r.label.isdigit() else 0, r.label, n) for r in results for n in r.scores})
+    columns = columns_of(results)
     names = [f"{label}.{n}" for _, label, n in columns]
+    possible = {(r.label, n): p for r in results for n, p in r.points.items()}
     students = sorted({r.student for r in results})
     rows = []
     for student in students:
         mine = {(r.label, n): s for r in results if r.student == student for n, s in r.scores.items()}
-        cells = [str(mine[(label, n)]) if (label, n) in mine else "-" for _, label, n in columns]
-        rows.append([student, *cells, f"{sum(mine.values())}/{len(columns)}"])
+        cells = [number(mine[(label, n)]) if (label, n) in mine else "-" for _, label, n in columns]
+        total = sum(possible.get((label, n), 1) for _, label, n in columns)
+        rows.append([student, *cells, f"{number(sum(mine.values()))}/{number(total)}"])
     return ["student", *names, "total"], rows
 
 
@@ -217,54 +530,153 @@ def render(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([lines[0], "-" * len(lines[0]), *lines[1:]])
 
 
+def feedback(student: str, results: list[Result]) -> str:
+    """One student's feedback: per chapter and exercise, the points, and why a test failed (never the answer)."""
+    lines = [f"# Feedback for {student}", ""]
+    for r in sorted(results, key=lambda r: (int(r.label) if r.label.isdigit() else 0)):
+        got, possible = number(sum(r.scores.values())), number(sum(r.points.values()))
+        lines += [f"## Chapter {r.label} ({r.chapter.rsplit('/', 1)[-1]}): {got} of {possible} points", ""]
+        for n in sorted(r.scores):
+            title = r.titles.get(n, "")
+            head = f"- Exercise {n}{f' ({title})' if title else ''}: {number(r.scores[n])}/{number(r.points[n])}"
+            lines.append(head + (f". {r.reasons[n]}" if n in r.reasons else ", passed on hidden inputs."))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def read_points(path: pathlib.Path) -> dict[str, float]:
+    """The points file: rows `exercise,points`, the exercise as `4.2` or a spec label."""
+    points = {}
+    with path.open(newline="") as handle:
+        for row in csv.reader(handle):
+            if not row or row[0].startswith("#") or row[0] == "exercise":
+                continue
+            try:
+                points[row[0].strip()] = float(row[1])
+            except (IndexError, ValueError):
+                raise ValueError(f"{path}: '{','.join(row)}' is not `exercise,points`") from None
+    return points
+
+
+def read_roster(path: pathlib.Path | None) -> dict[str, dict]:
+    """The roster: a CSV with a `folder` column (the student's folder or file prefix) and the LMS's own columns
+    (Canvas: name, id, sis_user_id, sis_login_id, section; Moodle: email)."""
+    if path is None:
+        return {}
+    with path.open(newline="") as handle:
+        return {row["folder"]: row for row in csv.DictReader(handle)}
+
+
+def gradebook(results: list[Result], lms: str, roster: dict[str, dict]) -> list[list[str]]:
+    """Rows for the LMS's gradebook import: one assignment column per chapter, points as numbers."""
+    chapters = sorted({(int(r.label) if r.label.isdigit() else 0, r.label) for r in results})
+    possible = {label: sum(r.points.values()) for r in results for _, label in [(0, r.label)]}
+    titles = [f"Chapter {label} exercises" for _, label in chapters]
+    students = sorted({r.student for r in results})
+    got = {(r.student, r.label): sum(r.scores.values()) for r in results}
+    if lms == "canvas":
+        rows = [["Student", "ID", "SIS User ID", "SIS Login ID", "Section", *titles],
+                ["    Points Possible", "", "", "", "", *(number(possible[label]) for _, label in chapters)]]
+        for s in students:
+            who = roster.get(s, {})
+            rows.append([who.get("name", s), who.get("id", ""), who.get("sis_user_id", s),
+                         who.get("sis_login_id", ""), who.get("section", ""),
+                         *(number(got[(s, label)]) if (s, label) in got else "" for _, label in chapters)])
+        return rows
+    rows = [["Email address", *titles]]
+    for s in students:
+        rows.append([roster.get(s, {}).get("email", s),
+                     *(number(got[(s, label)]) if (s, label) in got else "" for _, label in chapters)])
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("submissions", type=pathlib.Path, help="folder of handed-in student editions")
+    parser.add_argument("--seed", type=int, help="the hidden tests' seed; keep it private (default: a new one)")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="notebooks graded at once (1)")
+    parser.add_argument("--variant", help="grade the exercises' variant of this name (tools/grading_specs.py)")
+    parser.add_argument("--points", type=pathlib.Path, help="CSV of `exercise,points` (default: 1 each)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds a whole notebook may run (900)")
-    parser.add_argument("--cell-timeout", type=float, default=600, help="seconds one cell may run (600)")
-    parser.add_argument("--csv", type=pathlib.Path, help="also write the table as CSV")
+    parser.add_argument("--cell-timeout", type=float, default=300, help="seconds one cell may run (300)")
+    parser.add_argument("--memory-gb", type=float, default=6, help="address space of a sandbox, GiB (6)")
+    parser.add_argument("--csv", type=pathlib.Path, help="also write the score table as CSV")
+    parser.add_argument("--feedback", type=pathlib.Path, help="write one feedback file per student here")
+    parser.add_argument("--lms", choices=("canvas", "moodle"), help="the gradebook's format")
+    parser.add_argument("--gradebook", type=pathlib.Path, help="write the LMS gradebook CSV here (with --lms)")
+    parser.add_argument("--roster", type=pathlib.Path, help="CSV mapping each `folder` to the LMS's columns")
     parser.add_argument("--course", type=pathlib.Path, default=ROOT,
-                        help="the course whose chapters hold the official grading cells (default: this checkout)")
+                        help="the course whose chapters the grader uses (default: this checkout)")
     args = parser.parse_args(argv)
-    if args.timeout <= 0 or args.cell_timeout <= 0:
-        parser.error("--timeout and --cell-timeout must be positive")
+    if args.timeout <= 0 or args.cell_timeout <= 0 or args.jobs < 1 or args.memory_gb <= 0:
+        parser.error("--timeout, --cell-timeout, --memory-gb and -j must be positive")
+    if bool(args.lms) != bool(args.gradebook):
+        parser.error("--lms and --gradebook go together")
+    seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     try:
         paths = submissions(args.submissions)
         official = Official(args.course)
-    except (ValueError, ms.StudentError, mc.ConversionError) as exc:
+        points = read_points(args.points) if args.points else {}
+        roster = read_roster(args.roster)
+    except (ValueError, OSError, KeyError, ms.StudentError, mc.ConversionError) as exc:
         print(f"grade: {exc}", file=sys.stderr)
         return 2
-    results, unreadable, seen = [], [], {}
+    print(f"grading {len(paths)} notebooks with seed {seed}" + (f", variant {args.variant}" if args.variant else ""),
+          file=sys.stderr)
+    limit = Limits(args.timeout, args.cell_timeout, args.memory_gb)
+    results, unreadable, seen, jobs = [], [], {}, []
     for path in paths:
         name = path.relative_to(args.submissions)
         try:
-            nb = nbformat.read(path, as_version=4)
+            nb = json.loads(path.read_text(encoding="utf-8"))
             doc = official.chapter_of(nb, path)
+            official.edition(doc)
             student = student_name(args.submissions, path, doc)
             if (student, doc) in seen:
                 raise ValueError(f"a second notebook of {doc} from {student} (the first: {seen[student, doc]})")
             seen[student, doc] = name
-            result = grade(path, args.submissions, official, args.timeout, args.cell_timeout)
-        except (ValueError, OSError, nbformat.ValidationError) as exc:  # one bad file stops nobody else's grading
+            jobs.append((name, path))
+        except (ValueError, OSError, AttributeError, TypeError) as exc:  # one bad file stops nobody else's grading
             unreadable.append(f"  {name}: {' '.join(str(exc).split())[:200]}")
-            continue
-        print(f"graded {name} ({result.student}, chapter {result.label}) in {result.seconds:.0f} s"
-              + (f" ({result.cpu_seconds:.0f} s of processor time)" if result.cpu_seconds is not None else ""),
-              file=sys.stderr)
-        results.append(result)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(grade, path, args.submissions, official, seed, limit, args.variant, points): name
+                   for name, path in jobs}
+        for future in concurrent.futures.as_completed(futures):
+            name = futures[future]
+            try:
+                result = future.result()
+            except (ValueError, OSError) as exc:
+                unreadable.append(f"  {name}: {' '.join(str(exc).split())[:200]}")
+                continue
+            print(f"graded {name} ({result.student}, chapter {result.label}) in {result.seconds:.0f} s "
+                  f"({result.cpu_seconds:.0f} s of processor time)", file=sys.stderr)
+            results.append(result)
     header, rows = table(results)
     print(render(header, rows))
     failures = [(r.student, f"{r.label}.{n}", why) for r in results for n, why in sorted(r.reasons.items())]
     if failures:
         print("\nWhy an exercise scored 0:")
-        for student, exercise, why in failures:
-            print(f"  {student}  {exercise}  {' '.join(why.split())}")
+        for student, exercise, why in sorted(failures):
+            print(f"  {student}  {exercise}  {' '.join(why.split())[:300]}")
+    ungraded = sorted({f"{r.label}.{n}" for r in results for n in r.ungraded})
+    if ungraded:
+        print(f"\nNo hidden test yet, so not in the scores (grade them by hand): {', '.join(ungraded)}")
     if unreadable:
         print("\nNot graded (fix or rename the file, then grade again):")
-        print("\n".join(unreadable))
+        print("\n".join(sorted(unreadable)))
     if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
         with args.csv.open("w", newline="") as handle:
             csv.writer(handle).writerows([header, *rows])
+    if args.feedback:
+        args.feedback.mkdir(parents=True, exist_ok=True)
+        for student in sorted({r.student for r in results}):
+            mine = [r for r in results if r.student == student]
+            (args.feedback / f"{student}.md").write_text(feedback(student, mine), encoding="utf-8")
+    if args.gradebook:
+        args.gradebook.parent.mkdir(parents=True, exist_ok=True)
+        with args.gradebook.open("w", newline="") as handle:
+            csv.writer(handle).writerows(gradebook(results, args.lms, roster))
     return 0
 
 

@@ -22,11 +22,14 @@ import argparse
 import ast
 import pathlib
 import re
+import shutil
 import sys
+import textwrap
 from dataclasses import dataclass, field
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+import grading_specs as gs
 import make_colab as mc
 
 OUT = ROOT / "student"
@@ -169,7 +172,19 @@ def wrap(line: str, width: int = 88) -> list[str]:
     return out + [line]
 
 
-def stub(doc: str, exercise: Exercise, code: str) -> str:
+def hidden_test_lines(spec: gs.Spec, names: list[str]) -> list[str]:
+    """What a stub says of the exercise's hidden test: what each answer must be, within which tolerance, and what
+    the answer may not call or use."""
+    parts = [f"{name}: {check.describe()}" if name in names else check.describe()
+             for name, check in spec.compare.items()]
+    text = "The grader runs your answer again on inputs you have not seen and checks " + "; ".join(parts) + "."
+    avoid = [*(f.rsplit(".", 1)[-1] for f in spec.forbidden), *spec.banned]
+    if avoid:
+        text += " Write it yourself: it may not use " + ", ".join(dict.fromkeys(avoid)) + "."
+    return textwrap.wrap(text, 86, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False)
+
+
+def stub(doc: str, exercise: Exercise, code: str, spec: gs.Spec | None = None) -> str:
     """What replaces one solution cell: what to write, the names the grading cell uses, and nothing of the answer."""
     tree = parse(doc, code, f"exercise {exercise.number}'s solution")
     if exercise.graded:
@@ -181,6 +196,8 @@ def stub(doc: str, exercise: Exercise, code: str) -> str:
         lines = [f"# Exercise {exercise.number}: your answer goes here, in place of {replace}.",
                  "# The grading cell after your answer uses these names:"]
         lines += wrap("#   " + ", ".join(exercise.names))
+        if spec is not None:
+            lines += hidden_test_lines(spec, exercise.names)
     else:
         lines = [f"# Exercise {exercise.number} is not graded: write your code here."]
     imports, definitions, values = [], [], []
@@ -239,11 +256,14 @@ def banner(book: mc.Book, doc: str, exercises: list[Exercise], nb: dict) -> str:
     return "\n".join(lines)
 
 
-def edition(book: mc.Book, path: pathlib.Path) -> tuple[dict, list[Exercise]]:
-    """The student edition of one chapter, and its exercises."""
+def edition(book: mc.Book, path: pathlib.Path, specs=None, variant: str | None = None) -> tuple[dict, list[Exercise]]:
+    """The student edition of one chapter, and its exercises. Each graded exercise's stub says what its hidden test
+    (tools/grading_specs.py, or `specs`) checks; with `variant`, the statements read as that variant's."""
     doc = mc.docname(book, path)
     original = mc.read_notebook(path)
     exercises = find_exercises(original, doc)
+    matched = gs.specs_for(exercises, {c.get("id"): mc.source(c) for c in original["cells"]}, specs)
+    statements = {e.statement: matched[e.number] for e in exercises if e.number in matched}
     by_cell = {}
     for exercise in exercises:
         for cid in [*exercise.solutions, *exercise.prose]:
@@ -257,12 +277,20 @@ def edition(book: mc.Book, path: pathlib.Path) -> tuple[dict, list[Exercise]]:
             cell = {**cell, "id": "student-banner", "source": mc.as_lines(banner(book, doc, exercises, original))}
         elif cid in by_cell and cell["cell_type"] == "code":
             exercise = by_cell[cid]
+            spec = matched.get(exercise.number) if cid == exercise.solutions[0] else None
             cell = {**cell, "metadata": {"tags": ["solution", "stub"]},
-                    "source": mc.as_lines(stub(doc, exercise, mc.source(originals[cid])))}
+                    "source": mc.as_lines(stub(doc, exercise, mc.source(originals[cid]), spec))}
         elif cid in by_cell:  # a written Solution: removed, with a place for the student's own words
             rest = SOLUTION_BLOCK.sub("", mc.source(originals[cid]))
             cells += answer_cell(cid, by_cell[cid], mc.convert_blocks(book, doc, rest) if rest.strip() else "")
             continue
+        elif cid in statements and variant:
+            text = mc.source(cell)
+            for old, new in statements[cid].variants.get(variant, ({}, []))[1]:
+                if old not in text:
+                    raise StudentError(f"{doc}: variant {variant!r} changes {old!r}, which the statement lacks")
+                text = text.replace(old, new)
+            cell = {**cell, "source": mc.as_lines(text)}
         elif any(cid == e.check for e in exercises):
             number = next(e.number for e in exercises if e.check == cid)
             title = f"# @title Grading cell for exercise {number}: run it after your answer (double-click for the checks)"
@@ -314,12 +342,12 @@ def write_table(page: pathlib.Path, table: str) -> bool:
     return new != text
 
 
-def build(out: pathlib.Path = OUT, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+def build(out: pathlib.Path = OUT, root: pathlib.Path = ROOT, variant: str | None = None) -> list[pathlib.Path]:
     """Write the student edition of every chapter under out/chapters; remove editions whose chapter is gone."""
     book = mc.Book(root)
     written = []
     for path in book.chapters:
-        nb, _ = edition(book, path)
+        nb, _ = edition(book, path, variant=variant)
         copy = out / path.relative_to(book.root)
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_text(mc.dumps(nb), encoding="utf-8")
@@ -327,17 +355,65 @@ def build(out: pathlib.Path = OUT, root: pathlib.Path = ROOT) -> list[pathlib.Pa
     for stale in sorted((out / "chapters").glob("*.ipynb")):
         if stale not in written:
             stale.unlink()
-    if (root / "instructors.md").exists():
+    if (root / "instructors.md").exists() and variant is None:
         write_table(root / "instructors.md", exercise_table(book))
+    return written
+
+
+# what a copy of the book for a term needs: its sources, never the generated editions, the build or the tests
+# (whose submissions hold correct answers)
+BOOK_SKIP = (".git", ".venv", "_build", "student", "colab", "tests", "node_modules", "__pycache__", ".pytest_cache")
+
+
+def book_without_solutions(dest: pathlib.Path, root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    """Copy the book's sources to dest with every exercise's solution left out: each solution cell becomes its stub
+    (without outputs) and each written Solution is removed. `PYTHONPATH=dest jupyter-book build dest` then builds the
+    book a class reads while its exercises are open; the grading cells stay, as self-checks."""
+    if dest.resolve() == root.resolve() or root.resolve() in dest.resolve().parents:
+        raise StudentError(f"{dest}: the copy must lie outside the course checkout")
+    shutil.copytree(root, dest, ignore=shutil.ignore_patterns(*BOOK_SKIP), dirs_exist_ok=True)
+    book = mc.Book(root)
+    written = []
+    for path in book.chapters:
+        doc = mc.docname(book, path)
+        nb = mc.read_notebook(path)
+        exercises = find_exercises(nb, doc)
+        code_answers = {cid: e for e in exercises for cid in e.solutions}
+        prose = {cid for e in exercises for cid in e.prose}
+        cells = []
+        for cell in nb["cells"]:
+            cid = cell.get("id")
+            if cid in code_answers:
+                cell = {**cell, "source": mc.as_lines(stub(doc, code_answers[cid], mc.source(cell))), "outputs": [],
+                        "execution_count": None}
+            elif cid in prose:
+                rest = SOLUTION_BLOCK.sub("", mc.source(cell))
+                if not rest.strip():
+                    continue
+                cell = {**cell, "source": mc.as_lines(rest.rstrip() + "\n")}
+            cells.append(cell)
+        copy = dest / path.relative_to(root)
+        copy.write_text(mc.dumps({**nb, "cells": cells}), encoding="utf-8")
+        written.append(copy)
     return written
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=OUT, help="folder to write into (default: student/)")
+    parser.add_argument("--variant", help="write the editions of this graded variant (needs --out)")
+    parser.add_argument("--book-without-solutions", type=pathlib.Path, metavar="DIR",
+                        help="copy the book's sources to DIR with the solutions left out, for `jupyter-book build DIR`")
     args = parser.parse_args(argv)
+    if args.variant and args.out == OUT:
+        parser.error("--variant writes somewhere else than student/: give --out")
     try:
-        written = build(args.out)
+        if args.book_without_solutions:
+            written = book_without_solutions(args.book_without_solutions)
+            print(f"wrote {len(written)} chapters without solutions under {args.book_without_solutions}; "
+                  f"build it with: PYTHONPATH={args.book_without_solutions} jupyter-book build {args.book_without_solutions}")
+            return 0
+        written = build(args.out, variant=args.variant)
     except (StudentError, mc.ConversionError) as exc:
         print(f"make_student: {exc}", file=sys.stderr)
         return 1
