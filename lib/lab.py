@@ -31,7 +31,7 @@ import torch
 
 from lib import flash, traffic
 
-__all__ = ["STEPS", "TOLERANCE", "Case", "Step", "grade", "hidden_cases", "launch", "time_against_sdpa"]
+__all__ = ["STEPS", "TOLERANCE", "Case", "Step", "grade", "hidden_cases", "launch", "time_against_sdpa", "verdict"]
 
 STEPS = ("output", "logsumexp", "causal", "tile skip", "bytes")
 # the stated tolerances: |got - expected| <= atol + rtol · |expected|, elementwise, against float64
@@ -278,3 +278,26 @@ def time_against_sdpa(kernel, *, L=4096, E=64, Z=32, causal=False, dtype=torch.f
     sdpa = triton.testing.do_bench(
         lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)))
     return ours, sdpa
+
+
+def verdict(case: Case, q, k, v, o, lse, moved: dict[str, int]) -> str | None:
+    """What is wrong with one run of a lab kernel, or None: ``o`` and ``lse`` it computed from q, k, v (any arrays),
+    ``moved`` the bytes it moved per argument name, loads and stores together (lib.traffic). The grader calls this
+    on the trusted side with what a sandbox sent back; the message never gives an expected value."""
+    if not moved.get("Q") or not moved.get("O"):
+        return f"the kernel read no Q or wrote no O on {case.describe()}: the lab grades the work done in Triton"
+    q, k, v, o, lse = (torch.as_tensor(t).double() for t in (q, k, v, o, lse))
+    out, expected_lse = _expected(case, q, k, v)
+    atol, rtol = TOLERANCE[case.dtype]
+    if o.shape != out.shape or not ((o - out).abs() <= atol + rtol * out.abs()).all():
+        return f"O differs from attention on {case.describe()} (tolerance atol {atol}, rtol {rtol})"
+    if lse.shape != expected_lse.shape or not ((lse - expected_lse).abs() <= LSE_TOLERANCE).all():
+        return f"LSE is not the natural-log logsumexp of the scaled scores on {case.describe()}"
+    course = _course_bytes(case)
+    if case.causal and (moved.get("K", 0) > course["K"] or moved.get("V", 0) > course["V"]):
+        return (f"with the causal mask the kernel reads key tiles wholly in a query tile's future on "
+                f"{case.describe()}")
+    ratio = sum(moved.values()) / sum(course.values())
+    if ratio > BYTES_FACTOR:
+        return f"it moves {ratio:.2f}x the course kernel's bytes on {case.describe()}: at most {BYTES_FACTOR}x"
+    return None

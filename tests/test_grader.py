@@ -12,6 +12,7 @@ and every cheat score 0 on what they touch and nothing else.
 """
 
 import ast
+import inspect
 import json
 import pathlib
 import re
@@ -25,6 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import grade
 import grading_specs as gs
+import lab_kernels
 import make_student as ms
 
 mc = ms.mc
@@ -579,11 +581,16 @@ def causal_scores(q, k, block=16):
     causal_tile_kernel[grid](q, k, out, q.shape[0], k.shape[0], q.shape[1] ** -0.5, E=q.shape[1], BLOCK=block)
     return out''',
 }
-CH9_MISTAKES = {  # the D term dropped in the backward; the diagonal masked too
+# the lab: a kernel written apart from the book's, with base-2 exponentials and K loaded untransposed
+CH9_CORRECT[4] = inspect.getsource(lab_kernels.another_way.fn).replace("def another_way(", "def flash_forward_kernel(")
+CH9_MISTAKES = {  # the D term dropped in the backward; the diagonal masked too; the lab's rescale forgotten
     2: ("official", "(do @ v.T - (do * o).sum(-1, keepdim=True))", "(do @ v.T)"),
     3: ("official", "cols[None, :] <= rows[:, None]", "cols[None, :] < rows[:, None]"),
+    4: ("official", "acc = acc * alpha[:, None] + tl.dot", "acc = acc + tl.dot"),
 }
-CH9_CHEATS = {  # autograd through the library instead of a backward; an empty kernel behind a torch wrapper
+CH9_CHEATS = {  # autograd through the library instead of a backward; an empty kernel behind a torch wrapper; the
+    # lab's kernel that does nothing
+    4: inspect.getsource(lab_kernels.does_nothing.fn).replace("def does_nothing(", "def flash_forward_kernel("),
     2: '''class RecomputedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal):
@@ -711,8 +718,10 @@ def test_chapter_9_triton_and_autograd_full_marks_for_correct_work_none_for_mist
     }
     results = grade_chapter(tmp_path, CH9, subs, grade.Limits(timeout=400, cell_timeout=200))
     scores = {name: {n: int(s) for n, s in r.scores.items()} for name, r in results.items()}
-    assert scores == {"official": {2: 1, 3: 1}, "correct": {2: 1, 3: 1}, "mistakes": {2: 0, 3: 0},
-                      "cheats": {2: 0, 3: 0}}, {name: r.reasons for name, r in results.items()}
+    assert scores == {"official": {2: 1, 3: 1, 4: 1}, "correct": {2: 1, 3: 1, 4: 1},
+                      "mistakes": {2: 0, 3: 0, 4: 0}, "cheats": {2: 0, 3: 0, 4: 0}}, {
+        name: r.reasons for name, r in results.items()}
+    assert "read no Q" in results["cheats"].reasons[4]
     assert results["cheats"].reasons[3].startswith("`launched_h`: expected the (L, S) tile the kernel stores")
     assert results["cheats"].reasons[2].startswith("your answer uses")
     assert results["official"].ungraded == [1]  # no hidden test until its statement names its inputs

@@ -104,3 +104,15 @@ def test_the_books_solution_passes_on_other_seeds(tmp_path, monkeypatch):
     solution = importlib.import_module("book_lab").flash_forward_kernel
     for seed in (SEED, SEED + 1):
         assert [s.score for s in lab.grade(solution, seed)] == [1] * len(lab.STEPS)
+
+
+@interpreted
+def test_the_verdict_on_one_run_agrees_with_the_grade():
+    case = lab.Case(Z=2, L=64, S=64, E=32, EV=24, causal=True, dtype=torch.float32)  # four query tiles
+    for kernel, mistake, fails in ((handed_in.official, {}, None), (handed_in.official, {"RESCALE": False}, "O differs"),
+                                   (handed_in.official, {"SKIP": False}, "future"),
+                                   (handed_in.two_passes, {}, "future"), (handed_in.does_nothing, {}, "read no Q")):
+        (q, k, v), o, lse, moved = lab._run(kernel, case, 3, mistake)
+        by_name = {name: moved.bytes(name, "both") for name in ("Q", "K", "V", "O", "LSE")}
+        message = lab.verdict(case, q, k, v, o, lse, by_name)
+        assert (message is None) if fails is None else (fails in message), (kernel, mistake, message)

@@ -283,6 +283,50 @@ def _ex9_1_expect(i, p):
     return {"flops_h": forward * (1 + i["products_h"] / 2)}
 
 
+def _ex9_4_make(rng, params):
+    # one hidden case of the lab (lib.lab): ragged lengths, L != S, head sizes 16 to 128, float32 or float16
+    heads = (16, 24, 40, 64, 96, 128)
+    causal = bool(rng.integers(0, 2))
+    L = int(rng.integers(1, 71))
+    S = L if causal and rng.integers(0, 2) else int(rng.integers(L if causal else 1, 81))
+    E, EV = int(rng.choice(heads)), int(rng.choice(heads))
+    dtype = np.float32 if rng.integers(0, 2) else np.float16
+    block_m, block_n = ((16, 16), (32, 16), (16, 32))[int(rng.integers(0, 3))]
+    return {"q_h": rng.standard_normal((1, L, E)).astype(dtype), "k_h": rng.standard_normal((1, S, E)).astype(dtype),
+            "v_h": rng.standard_normal((1, S, EV)).astype(dtype), "causal_h": causal, "block_m_h": block_m,
+            "block_n_h": block_n}
+
+
+def _ex9_4_case(inputs):
+    import torch
+
+    from lib import lab
+
+    (Z, L, E), S, EV = inputs["q_h"].shape, inputs["k_h"].shape[1], inputs["v_h"].shape[2]
+    dtype = torch.float16 if inputs["q_h"].dtype == np.float16 else torch.float32
+    return lab.Case(Z=Z, L=L, S=S, E=E, EV=EV, causal=inputs["causal_h"], dtype=dtype, block_m=inputs["block_m_h"],
+                    block_n=inputs["block_n_h"])
+
+
+def _ex9_4_verdict(answers, inputs):
+    from lib import lab
+
+    moved = answers.get("moved_h")
+    if not isinstance(moved, dict) or not all(isinstance(b, (int, float)) for b in moved.values()):
+        return "the bytes the kernel moved could not be counted"
+    return lab.verdict(_ex9_4_case(inputs), inputs["q_h"], inputs["k_h"], inputs["v_h"], answers.get("o_h"),
+                       answers.get("lse_h"), {name: int(b) for name, b in moved.items()})
+
+
+HARNESS_9_4 = """\
+from lib import lab as _lab, traffic as _traffic
+with _traffic.count() as _moved:
+    o_h, lse_h = _lab.launch(flash_forward_kernel, q_h, k_h, v_h, causal=causal_h, block_m=block_m_h,
+                             block_n=block_n_h)
+moved_h = {_name: _moved.bytes(_name, "both") for _name in ("Q", "K", "V", "O", "LSE")}
+"""
+
+
 CHAPTER_9 = [
     Spec(
         label="flash-kernel/step-flops", title="FLOPs of a causal training step", draws=3,
@@ -309,6 +353,16 @@ CHAPTER_9 = [
                                       else "the kernel stores past row L or column S", "nothing stored outside")},
         forbidden=("torch.matmul", "torch.Tensor.matmul", "torch.Tensor.__matmul__", "torch.mm", "torch.einsum",
                    "torch.nn.functional.scaled_dot_product_attention"),
+    ),
+    Spec(
+        label="flash-kernel/lab-forward", title="The lab: FlashAttention's forward pass", draws=4,
+        make=_ex9_4_make, expect=lambda inputs, params: {"o_h": None}, torch_inputs=("q_h", "k_h", "v_h"),
+        harness=HARNESS_9_4, rerun=False, also=("lse_h", "moved_h"),
+        compare={"o_h": Holds(_ex9_4_verdict, "O and LSE within the lab's tolerances of attention, the future "
+                                             "tiles skipped, at most 1.1x the course kernel's bytes")},
+        forbidden=("torch.matmul", "torch.Tensor.matmul", "torch.Tensor.__matmul__", "torch.mm", "torch.einsum",
+                   "torch.nn.functional.scaled_dot_product_attention", "lib.flash.flash_attention"),
+        banned=("traffic", "lab.", "flash_attention", "torch."),
     ),
 ]
 

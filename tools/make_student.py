@@ -184,6 +184,20 @@ def hidden_test_lines(spec: gs.Spec, names: list[str]) -> list[str]:
     return textwrap.wrap(text, 86, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False)
 
 
+def fit_signature(text: str, width: int = 88) -> str:
+    """A function's stub with its `def` line cut at its commas when it is wider than the column: one indented run of
+    parameters under the name, as a formatter writes it."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("def ") and len(line) > width:
+            head, _, rest = line.partition("(")
+            params, _, tail = rest.rpartition(")")
+            body = textwrap.wrap(params.strip() + ",", width - 4, break_long_words=False, break_on_hyphens=False)
+            lines[i:i + 1] = [head + "(", *("    " + b for b in body), ")" + tail]
+            break
+    return "\n".join(lines)
+
+
 def stub(doc: str, exercise: Exercise, code: str, spec: gs.Spec | None = None) -> str:
     """What replaces one solution cell: what to write, the names the grading cell uses, and nothing of the answer."""
     tree = parse(doc, code, f"exercise {exercise.number}'s solution")
@@ -211,7 +225,7 @@ def stub(doc: str, exercise: Exercise, code: str, spec: gs.Spec | None = None) -
                 returns=statement.returns, type_params=[],
                 body=[ast.parse(f"raise NotImplementedError({message!r})").body[0]],
             )
-            definitions.append(ast.unparse(ast.fix_missing_locations(signature)))
+            definitions.append(fit_signature(ast.unparse(ast.fix_missing_locations(signature))))
         elif isinstance(statement, ast.ClassDef) and statement.name in exercise.names:
             shell = ast.ClassDef(name=statement.name, bases=statement.bases, keywords=statement.keywords,
                                  decorator_list=statement.decorator_list, type_params=[],
