@@ -64,6 +64,15 @@ def find_python(version: str) -> tuple[str, bool]:
     return sys.executable, False
 
 
+def torch_pin(spec: dict) -> str:
+    return next(pin for pin in spec["pins"] if pin.lower().startswith("torch=="))
+
+
+def site_packages(env: pathlib.Path) -> pathlib.Path:
+    (found,) = (env / "lib").glob("python3.*/site-packages")
+    return found
+
+
 def build(set_path: pathlib.Path, into: pathlib.Path) -> pathlib.Path:
     """The set's environment, built (or rebuilt after the set changed); prints what it used and how long it took."""
     spec = read_set(set_path)
@@ -78,19 +87,28 @@ def build(set_path: pathlib.Path, into: pathlib.Path) -> pathlib.Path:
     start = time.perf_counter()
     shutil.rmtree(env, ignore_errors=True)
     subprocess.run([python, "-m", "venv", str(env)], check=True)
+    site = site_packages(env)
+    sibling = next((other for other in sorted(into.glob("*/.set-pins")) if other.parent != env
+                    and other.read_text().splitlines()[:2] == [found, torch_pin(spec)]), None)
+    if sibling:  # a set with the same Python and torch: start from its files, hard-linked (GBs, no copy)
+        shutil.rmtree(site)
+        shutil.copytree(site_packages(sibling.parent), site, copy_function=os.link, symlinks=True)
     pip = [str(env / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, *spec["pins"]], check=True)
+    subprocess.run([*pip, *spec["pins"]], check=True)  # on a sibling's files: only what differs
     if spec["without"]:
         # What the setup cell installs when a notebook needs it (lib.runtime.TRITON_FOR_TORCH), fetched now.
-        torch_version = next(p.split("==")[1] for p in spec["pins"] if p.lower().startswith("torch=="))
+        torch_version = torch_pin(spec).split("==")[1]
         wanted = [TRITON_FOR_TORCH[version_tuple(torch_version)] if name == "triton" else name
                   for name in spec["without"]]
         subprocess.run([*pip[:3], "download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest",
                         str(env / "wheelhouse"), *wanted], check=True)
         subprocess.run([*pip[:3], "uninstall", "--quiet", "--yes", *spec["without"]], check=True)
     stamp.write_text(spec["digest"] + "\n")
+    (env / ".set-pins").write_text("\n".join([found, torch_pin(spec), *spec["pins"]]) + "\n")
     size = sum(f.stat().st_size for f in env.rglob("*") if f.is_file() and not f.is_symlink()) / 2**30
-    print(f"{spec['name']}: built with {found} in {time.perf_counter() - start:.0f} s, {size:.1f} GiB", flush=True)
+    shared = f", starting from {sibling.parent.name}'s files" if sibling else ""
+    print(f"{spec['name']}: built with {found} in {time.perf_counter() - start:.0f} s, {size:.1f} GiB{shared}",
+          flush=True)
     return env
 
 
