@@ -4,6 +4,7 @@ use where the runtime lacks it, and the package sets of requirements/ that CI ru
 from __future__ import annotations
 
 import io
+import json
 import os
 import pathlib
 import re
@@ -187,3 +188,31 @@ def test_package_sets_reads_a_set_and_refuses_a_loose_pin(tmp_path):
     here = f"{sys.version_info[0]}.{sys.version_info[1]}"
     assert package_sets.find_python(here)[1] is True
     assert package_sets.find_python("2.0") == (sys.executable, False)
+
+
+def test_make_colab_writes_the_setup_cell_into_every_page(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import make_colab
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "setup_cell.py").write_text(SETUP + "print('a new line')\n")
+    for folder, name in (("chapters", "01_token_by_token.ipynb"), ("guide", "debugging.ipynb")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / name).write_bytes((ROOT / folder / name).read_bytes())
+    changed = make_colab.apply_setup_cell(tmp_path)
+    assert [p.name for p in changed] == ["01_token_by_token.ipynb", "debugging.ipynb"]
+    for path in changed:
+        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        assert "".join(cells[0]["source"]).endswith("print('a new line')")
+        original = [c for c in json.loads((ROOT / path.parent.name / path.name).read_text())["cells"]
+                    if c["cell_type"] == "code"]
+        assert cells[1:] == original[1:] and cells[0]["outputs"] == original[0]["outputs"]
+    assert make_colab.apply_setup_cell(tmp_path) == []  # a second run changes nothing
+    nb = json.loads(changed[0].read_text())
+    first = next(c for c in nb["cells"] if c["cell_type"] == "code")
+    first["metadata"]["tags"] = []
+    changed[0].write_text(json.dumps(nb))
+    with pytest.raises(make_colab.ConversionError, match="not the hidden setup cell"):
+        make_colab.apply_setup_cell(tmp_path)
