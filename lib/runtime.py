@@ -9,7 +9,7 @@ before Triton is first imported.
   the floor and the command that lifts it; the chapter still runs, and some cells may fail.
 - **Triton**: Colab's CPU runtime has had no Triton since 2025-12 (torch's +cpu build does not require it), and the
   kernels of chapters 6 to 11 need it. Where it is missing, :func:`check` arms a finder: the first ``import
-  triton`` (the chapter's, or ``lib.flash``'s) installs the release this torch is built with
+  triton`` (the chapter's, ``lib.flash``'s, or torch's FLOP counter's) installs the release this torch is built with
   (:data:`TRITON_FOR_TORCH`) with pip, prints one line saying so, and goes on. On a CPU the kernels then run in
   Triton's interpreter. Chapters that never import Triton install nothing. Where Triton cannot be installed (no
   Linux wheel for this platform, no network), the import fails with :func:`triton_hint`'s one-line advice.
@@ -106,8 +106,8 @@ def install_triton(run=subprocess.run, out=None) -> None:
     spec = TRITON_FOR_TORCH.get(version_tuple(torch_version)) if torch_version else None
     if sys.platform != "linux" or spec is None:
         raise ModuleNotFoundError(triton_hint(), name="triton")
-    print(f"This runtime has no Triton, which this cell needs: installing {spec} (torch {torch_version}'s); "
-          "on a CPU the kernels run in its interpreter...", end=" ", file=out, flush=True)
+    print(f"This runtime has no Triton: installing {spec}, the release torch {torch_version} is built with "
+          "(on a CPU, the kernels run in its interpreter)...", end=" ", file=out, flush=True)
     start = time.perf_counter()
     done = run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", spec],
                capture_output=True, text=True, check=False)
@@ -119,15 +119,25 @@ def install_triton(run=subprocess.run, out=None) -> None:
 
 
 class _TritonOnDemand(importlib.abc.MetaPathFinder):
-    """Installs Triton the first time something imports it, then lets the ordinary path finder find it."""
+    """Installs Triton the first time something imports it, then lets the ordinary path finder find it. An install
+    that failed is not retried: every later import of Triton fails with the same one-line advice."""
+
+    def __init__(self):
+        self.failure = None
 
     def find_spec(self, name, path=None, target=None):
         if name != "triton":
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)  # once: a failed install is not retried on every import
-        install_triton()
-        return importlib.machinery.PathFinder.find_spec(name, path)
+        if self.failure is None:
+            try:
+                install_triton()
+            except ModuleNotFoundError as err:
+                self.failure = str(err)
+                raise
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            return importlib.machinery.PathFinder.find_spec(name, path)
+        raise ModuleNotFoundError(self.failure, name="triton")
 
 
 def check(out=None) -> None:

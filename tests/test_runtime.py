@@ -90,7 +90,7 @@ def test_triton_is_installed_on_first_import_and_said_in_one_line(monkeypatch):
     runtime.install_triton(run=pip, out=out)
     assert calls == [[sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "triton==3.6.0"]]
     line = out.getvalue()
-    assert line.count("\n") == 1 and line.startswith("This runtime has no Triton, which this cell needs: installing")
+    assert line.count("\n") == 1 and line.startswith("This runtime has no Triton: installing triton==3.6.0, the release torch 2.11.0+cpu")
     assert re.search(r"done in \d+ s\.$", line.strip())
 
 
@@ -156,7 +156,7 @@ print("triton", triton.installed)
     assert result.stderr == ""
     lines = result.stdout.splitlines()
     assert lines[0] == "before any import"  # the setup cell itself installs nothing
-    assert lines[1].startswith("This runtime has no Triton, which this cell needs: installing triton==3.6.0")
+    assert lines[1].startswith("This runtime has no Triton: installing triton==3.6.0, the release torch")
     assert re.search(r"done in \d+ s\.$", lines[1])
     assert lines[2] == "triton ['pip', 'install', '--quiet', '--no-deps', 'triton==3.6.0']"
     assert len(lines) == 3
@@ -216,3 +216,19 @@ def test_make_colab_writes_the_setup_cell_into_every_page(tmp_path):
     changed[0].write_text(json.dumps(nb))
     with pytest.raises(make_colab.ConversionError, match="not the hidden setup cell"):
         make_colab.apply_setup_cell(tmp_path)
+
+
+def test_a_failed_install_is_not_retried_and_every_import_says_why(monkeypatch):
+    attempts = []
+
+    def cannot(*args, **kwargs):
+        attempts.append(1)
+        raise ModuleNotFoundError(runtime.triton_hint("darwin"), name="triton")
+
+    monkeypatch.setattr(runtime, "install_triton", cannot)
+    finder = runtime._TritonOnDemand()
+    assert finder.find_spec("numpy") is None
+    for _ in range(2):
+        with pytest.raises(ModuleNotFoundError, match="no build for this system"):
+            finder.find_spec("triton")
+    assert attempts == [1]
