@@ -94,7 +94,7 @@ def triton_hint(platform: str | None = None) -> str:
         return ("this cell's kernels need Triton, which has no build for this system: run the chapter on Linux "
                 "(Colab, WSL), where it runs even on a CPU")
     spec = TRITON_FOR_TORCH.get(version_tuple(installed("torch") or "0.0"), "triton")
-    return (f"this cell's kernels need Triton: pip install '{spec}' (it runs on a CPU too), or choose a GPU "
+    return (f"this cell's kernels need Triton: pip install {spec} (it runs on a CPU too), or choose a GPU "
             "runtime in Colab (Runtime > Change runtime type)")
 
 
