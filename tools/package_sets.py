@@ -142,6 +142,9 @@ def run(set_path: pathlib.Path, into: pathlib.Path, paths: list[str], timeout: i
     environ = dict(os.environ, COURSE_REPO_URL="file:///nonexistent", PYTHONPATH=str(ROOT), PIP_NO_INDEX="1",
                    PIP_FIND_LINKS=str(env / "wheelhouse"))
     failed, paths = 0, paths or notebooks()
+    remove = [python, "-m", "pip", "uninstall", "--quiet", "--yes", *spec["without"]]
+    if spec["without"]:  # left behind by a run that was stopped
+        subprocess.run(remove, capture_output=True, check=False)
     for path in paths:
         command = [python, str(ROOT / "tools" / "run_chapters.py"), "--jobs", "1", "--timeout", str(timeout),
                    "--out", str(env / "executed"), path]
@@ -157,8 +160,7 @@ def run(set_path: pathlib.Path, into: pathlib.Path, paths: list[str], timeout: i
         status = lines[0] if lines else done.stderr.strip()[-300:]
         print(f"{spec['name']}: {status} ({cpu:.0f} s of CPU{installed})", flush=True)
         if spec["without"]:
-            subprocess.run([python, "-m", "pip", "uninstall", "--quiet", "--yes", *spec["without"]],
-                           capture_output=True, check=False)
+            subprocess.run(remove, capture_output=True, check=False)
     print(f"{spec['name']}: {len(paths) - failed} of {len(paths)} notebooks ran to the end", flush=True)
     return 1 if failed else 0
 
