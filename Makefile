@@ -46,8 +46,8 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
 	@echo "The book is at $(CURDIR)/_build/html/index.html"
 
-# test-colab runs beside the rest, on the second of CI's two cores when the rest leaves it idle: its environments
-# download and unpack while the library tests compute, and its notebooks run one at a time. The rest runs in order.
+# test-colab runs beside the rest (make -j2): its environments download and unpack while the library tests compute,
+# and its notebooks run one at a time. The rest runs in order, as before.
 test: $(STAMP)
 	$(MAKE) -j2 --output-sync=line test-colab test-in-order
 
