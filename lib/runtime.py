@@ -8,8 +8,8 @@ before Triton is first imported.
   (``requirements/floor.txt``, Colab's runtime of 2025-11). Below one, :func:`check` prints a line naming the package,
   the floor and the command that lifts it; the chapter still runs, and some cells may fail.
 - **Triton**: Colab's CPU runtime has had no Triton since 2025-12 (torch's +cpu build does not require it), and the
-  kernels of chapters 6 to 11 need it. Where it is missing, :func:`check` arms a finder: the first ``import
-  triton`` (the chapter's, ``lib.flash``'s, or torch's FLOP counter's) installs the release this torch is built with
+  chapters' Triton kernels need it. Where it is missing, :func:`check` arms a finder: the first ``import
+  triton`` (the chapter's, ``lib.flash``'s, or torch's own) installs the release this torch is built with
   (:data:`TRITON_FOR_TORCH`) with pip, prints one line saying so, and goes on. On a CPU the kernels then run in
   Triton's interpreter. Chapters that never import Triton install nothing. Where Triton cannot be installed (no
   Linux wheel for this platform, no network), the import fails with :func:`triton_hint`'s one-line advice.
@@ -31,9 +31,9 @@ __all__ = ["FLOORS", "TRITON_FOR_TORCH", "check", "install_triton", "too_old", "
 FLOORS = {
     "torch": ((2, 9), "an older torch pairs with a Triton that cannot run lib.flash"),
     "triton": ((3, 5), "Triton 3.1, torch 2.5's, cannot run lib.flash in its interpreter"),
-    "numpy": ((2, 0), "the chapters are written for NumPy 2"),
-    "matplotlib": ((3, 10), "the figures are drawn and checked with it"),
-    "altair": ((5, 5), "the interactive figures need its Vega-Lite 5"),
+    "numpy": ((2, 0), "the oldest release CI runs the chapters with (Colab's of 2025)"),
+    "matplotlib": ((3, 10), "the oldest release CI runs the chapters with (Colab's of 2025)"),
+    "altair": ((5, 5), "the oldest release CI runs the chapters with (Colab's of 2025)"),
 }
 
 # torch (major, minor) -> the Triton that PyPI's CUDA build of that torch requires (its wheel's metadata): the one
