@@ -10,12 +10,16 @@ BUILD_FLAGS := --warningiserror --keep-going
 export PYTHONPATH := $(CURDIR)
 
 .PHONY: measure bench-gpu book test test-lib test-notebooks test-notebooks-other-cpu test-book test-browser lint notebooks colab
+.PHONY: test-colab test-in-order
 .PHONY: bench lock clean help models
 
 help:
 	@echo "make book       build the HTML book into _build/html"
 	@echo "make test       lint, library tests, strict nbval over every chapter and the guide (twice: on this CPU's"
-	@echo "                arithmetic and on another), the book build, the browser check (with axe-core from npm)"
+	@echo "                arithmetic and on another), the book build, the browser check (with axe-core from npm),"
+	@echo "                and test-colab"
+	@echo "make test-colab every Colab edition run to its end on each package set in requirements/ (Colab's GPU and"
+	@echo "                CPU runtimes, the course's floors), each in its own environment under .venv-sets/"
 	@echo "make notebooks  re-run every chapter and the guide, storing their outputs (after changing one or the library)"
 	@echo "make models     retrain the models chapters 11 and 13 load (lib/weights/), after changing a recipe in lib/trained.py"
 	@echo "make colab      rewrite the Colab editions in colab/chapters and colab/guide (after make notebooks)"
@@ -25,18 +29,30 @@ help:
 	@echo "make bench      speed and memory of the library against PyTorch's fused kernel"
 	@echo "make bench-gpu  the GPU paths (flash_attention, attention, tiled_attention) against SDPA, on a CUDA GPU"
 
+# torch's CPU build, about 190 MB, where PyPI has only the CUDA build (Linux x86-64: 2.6 GB, and a Triton pin that
+# conflicts with ours). The index is added only where it answers: pip would retry an unreachable one for every package.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX_OPTION = $$($(PYTHON) -c 'import urllib.request as r; r.urlopen("$(TORCH_CPU_INDEX)/torch/", timeout=10); \
+	print("--extra-index-url $(TORCH_CPU_INDEX)")' 2>/dev/null)
+
 $(STAMP): requirements.txt constraints.txt
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11 or later is needed")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt -c constraints.txt
+	$(BIN)/python -m pip install --quiet -r requirements.txt -c constraints.txt $(TORCH_INDEX_OPTION)
 	touch $@
 
 book: $(STAMP)
 	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
 	@echo "The book is at $(CURDIR)/_build/html/index.html"
 
-test: $(STAMP) lint test-lib test-notebooks test-notebooks-other-cpu test-book test-browser
+# test-colab runs beside the rest (make -j2): its environments download and unpack while the library tests compute,
+# and its notebooks run one at a time. The rest runs in order, as before.
+test: $(STAMP)
+	$(MAKE) -j2 --output-sync=line test-colab test-in-order
+
+test-in-order: $(STAMP)
+	$(MAKE) -j1 lint test-lib test-notebooks test-notebooks-other-cpu test-book test-browser
 
 lint: $(STAMP)
 	$(BIN)/ruff check lib tests tools benchmarks chapters guide
@@ -63,6 +79,15 @@ test-notebooks-other-cpu: $(STAMP)
 test-book: $(STAMP)
 	rm -rf _build/html
 	$(BIN)/jupyter-book build . $(BUILD_FLAGS)
+
+# The Colab editions as learners get them: each package set of requirements/ (Colab's GPU runtime, its CPU runtime
+# without Triton, the course's floors) is installed into its own environment under .venv-sets/ (once, rebuilt when the
+# set file changes: the only download), then every notebook in colab/ runs top to bottom in it, one at a time, and
+# must reach its end with no error but its cells tagged raises-exception. Every set runs even if one fails.
+PACKAGE_SETS := $(sort $(wildcard requirements/*.txt))
+
+test-colab: $(STAMP)
+	@status=0; for set in $(PACKAGE_SETS); do $(BIN)/python tools/package_sets.py run $$set || status=1; done; exit $$status
 
 CHROMIUM := $(shell command -v chromium-headless-shell || command -v chromium)
 # The browser check audits every page with axe-core, pinned in package.json and package-lock.json; npm ci installs

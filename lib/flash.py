@@ -31,10 +31,9 @@ try:
 except ModuleNotFoundError as err:
     if err.name != "triton":
         raise
-    raise ModuleNotFoundError(
-        "lib.flash and lib.flash_decode need Triton: `pip install triton` (CUDA builds of PyTorch ship it, as "
-        "Colab's GPU runtime does; its CPU runtime does not; on a CPU the kernels run in Triton's interpreter)",
-        name="triton") from None
+    from lib.runtime import triton_hint
+
+    raise ModuleNotFoundError(f"lib.flash: {triton_hint()}", name="triton") from None
 
 from lib.backend import _check_axes, _check_causal, _check_scale, _from_axes, _to_axes
 

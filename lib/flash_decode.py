@@ -37,10 +37,9 @@ try:
 except ModuleNotFoundError as err:
     if err.name != "triton":
         raise
-    raise ModuleNotFoundError(
-        "lib.flash_decode needs Triton: `pip install triton` (CUDA builds of PyTorch ship it, as Colab's GPU "
-        "runtime does; its CPU runtime does not; on a CPU the kernels run in Triton's interpreter)",
-        name="triton") from None
+    from lib.runtime import triton_hint
+
+    raise ModuleNotFoundError(f"lib.flash_decode: {triton_hint()}", name="triton") from None
 
 from lib import cost
 from lib import flash as _flash

@@ -2,6 +2,8 @@
 notebooks the book's Colab button opens.
 
 Usage: python tools/make_colab.py            (rewrites colab/ from chapters/ and guide/; `make colab` runs it)
+       python tools/make_colab.py --setup-cell   (first writes tools/setup_cell.py into every chapter and guide
+                                                  page, as their first code cell, after the setup cell changed)
 
 Colab shows a chapter without the book's machinery, so each copy is the chapter with:
 - every glue role replaced by its value exactly as the book prints it, read from the chapter's stored outputs
@@ -812,11 +814,34 @@ def build(out: pathlib.Path = OUT, root: pathlib.Path = ROOT) -> list[pathlib.Pa
     return written
 
 
+def apply_setup_cell(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
+    """Write tools/setup_cell.py into the first code cell of every notebook page whose setup cell differs; its
+    outputs, tags and the rest of the notebook stay as they are. Returns the notebooks it changed."""
+    import nbformat
+
+    text = (root / "tools" / "setup_cell.py").read_text().strip()
+    changed = []
+    for path in [*sorted((root / "chapters").glob("*.ipynb")), *sorted((root / "guide").glob("*.ipynb"))]:
+        nb = nbformat.read(path, as_version=4)
+        first = next((c for c in nb.cells if c.cell_type == "code"), None)
+        if first is None or "remove-cell" not in first.metadata.get("tags", []):
+            raise ConversionError(f"{path.relative_to(root)}: its first code cell is not the hidden setup cell")
+        if first.source.strip() != text:
+            first.source = text
+            nbformat.write(nb, path)
+            changed.append(path)
+    return changed
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=pathlib.Path, default=OUT, help="folder to write into (default: colab/)")
+    parser.add_argument("--setup-cell", action="store_true",
+                        help="first write tools/setup_cell.py into every chapter and guide page")
     args = parser.parse_args(argv)
     try:
+        for path in apply_setup_cell() if args.setup_cell else []:
+            print(f"setup cell written into {path.relative_to(ROOT)}")
         written = build(args.out)
     except ConversionError as exc:
         print(f"make_colab: {exc}", file=sys.stderr)

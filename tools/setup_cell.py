@@ -1,6 +1,9 @@
 # Course setup, the same in every chapter. In the repository it finds lib/ above this
-# notebook. Elsewhere (Colab) it clones the course once beside the notebook, installing
-# nothing: Colab's own torch, NumPy and matplotlib stay.
+# notebook. Elsewhere (Colab) it clones the course once beside the notebook. It installs
+# nothing up front (Colab's own torch, NumPy and matplotlib stay) but checks them
+# against the course's floors; where Triton is missing (Colab's CPU runtime), the first
+# cell that needs it installs the release this torch is built with (lib/runtime.py).
+import importlib
 import os
 import pathlib
 import subprocess
@@ -26,3 +29,4 @@ def course_root():
 ROOT = str(course_root())
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+importlib.import_module("lib.runtime").check()
