@@ -458,11 +458,16 @@ def score_products(Q, K, labels=None, *, scale=None):
     cells = []
     for i in range(n):
         for j in range(len(Ka)):
-            products = "(" + " + ".join(f"{_num(q_text[i][c])}·{_num(k_text[j][c])}" for c in range(d)) + ")"
+            terms = [f"{_num(q_text[i][c])}·{_num(k_text[j][c])}" for c in range(d)]
+            products = "(" + " + ".join(terms) + ")"
             value = f"{results[i, j]:.3f}".replace("-", "−")
             tail = (f"{written_scale} " if scale != 1 else "") + f"= {value}"
+            # beside the matrix, more than two products break after the first half, so that a line fits a phone
+            half = (d + 1) // 2 if d > 2 else d
+            written = [f"k {cols[j]}: (" + " + ".join(terms[:half]) + ("" if half < d else ")")]
+            written += ["+ " + " + ".join(terms[half:]) + ")"] if half < d else []
             cells.append({"i": i, "q": rows[i], "k": cols[j], "S": _r(S[i, j]), "value": value,
-                          "sum": f"{products} {tail}", "short": f"k {cols[j]}: {products}\n{tail}"})
+                          "sum": f"{products} {tail}", "short": "\n".join([*written, tail])})
     row = _slider("row", "query row i ", 0, n - 1, 1, 0)
     base = alt.Chart(_data(cells))
     heat = base.mark_rect().encode(
@@ -476,17 +481,19 @@ def score_products(Q, K, labels=None, *, scale=None):
         x=alt.X("k:N", sort=cols), y=alt.Y("q:N", sort=rows), text=alt.Text("S:Q", format=".2f"),
         color=alt.condition(f"datum.S > {_r((S.min() + S.max()) / 2)}", alt.value(INKS[0]), alt.value(INKS[1])))
     matrix = (heat + values + outline).properties(width=32 * len(Ka) + 40, height=32 * n + 40,
-                                                  title="scores S = Q Kᵀ · scale")
-    # each score on two lines, its products and then its scale and value, so that the panel stays narrow enough
-    # for a phone's column; every row's sums are also drawn unseen, so that the figure is laid out for the longest
-    # of them whichever row the slider shows
+                                                  title=f"scaled scores S = Q Kᵀ {written_scale}" if scale != 1
+                                                  else "scores S = Q Kᵀ")
+    # each score on two or three lines, its products and then its scale and value, so that the panel stays narrow
+    # enough for a phone's column; every row's sums are also drawn unseen, so that the figure is laid out for the
+    # longest of them whichever row the slider shows
     text = {"align": "left", "fontSize": 11, "lineBreak": "\n", "color": FOREGROUND}
     sums_text = base.mark_text(**text).encode(
         x=alt.value(0), y=alt.Y("k:N", sort=cols, title=None, axis=None), text="short:N")
     lines = [line for c in cells for line in c["short"].split("\n")]
+    lines_per_sum = max(len(c["short"].split("\n")) for c in cells)
     sums = (alt.layer(sums_text.mark_text(**text, opacity=0, aria=False),
                       sums_text.transform_filter("datum.i == row"))
-            .properties(width=max(80 * d + 70, _text_width(lines)), height=36 * len(Ka),
+            .properties(width=max(120, _text_width(lines)), height=(13 * lines_per_sum + 10) * len(Ka),
                         title=f"S_ij = (q_i · k_j) {written_scale}, row i written out" if scale != 1
                         else "S_ij = q_i · k_j, row i written out"))
     chart = alt.hconcat(matrix, sums).add_params(row)

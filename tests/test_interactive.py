@@ -402,8 +402,8 @@ def test_score_products_text_panel_holds_its_longest_sum():
     fig = I.score_products(np.round(rng.standard_normal((6, 4)) * 1.3, 2), rng.standard_normal((6, 4)),
                            ["the", "cat", "sat", "on", "the", "mat"])
     shorts = [r["short"] for r in rows_with(fig, "short", "S")]
-    # two lines each: the products, then the scale and the score, the same sum as the tooltip's
-    assert all(len(s.split("\n")) == 2 and s.split("\n")[1].startswith("× 0.5 = ") for s in shorts)
+    # three lines each: the products in two halves, then the scale and the score, the same sum as the tooltip's
+    assert all(len(s.split("\n")) == 3 and s.split("\n")[2].startswith("× 0.5 = ") for s in shorts)
     tips = {r["sum"] for r in rows_with(fig, "sum")}
     assert {s.split(": ", 1)[1].replace("\n", " ") for s in shorts} == tips
     longest = max(len(line) for s in shorts for line in s.split("\n"))
@@ -607,8 +607,10 @@ def test_demo_page_loads_the_bundle_once_from_its_own_folder(demo_book):
     assert re.search(r"Fig\. 1.{0,40}The slider multiplies the scores", page, re.DOTALL), "no numbered caption"
     # without scripts, each figure is its first frame: the stored PNG, copied beside the page, inside <noscript> at
     # the end of the figure's wrapper, with the cell's alt text
-    frames = re.findall(r'<noscript><img alt="([^"]+)" class="sdpa-first-frame" src="([^"]+)" />\s*</noscript></div>',
-                        page)
+    frames = re.findall(r'<noscript><img alt="([^"]+)" class="sdpa-first-frame" src="([^"]+)" />\s*</noscript></div>'
+                        r"</div>", page)
+    wrappers = re.findall(r'<div class="output text_html"><div class="sdpa-interactive"', page)
+    assert len(wrappers) == FIGURES, "the figure is not the first thing in its output box"
     assert len(frames) == FIGURES, f"{len(frames)} first frames for {FIGURES} figures"
     assert frames[0][0] == "Bars of four softmax weights and a four by four Jacobian heatmap."
     assert all((demo_book / src).read_bytes().startswith(b"\x89PNG") for _, src in frames)

@@ -264,11 +264,17 @@ def first_frame(bundle, raw):
     end = text.rstrip().rfind("</div>")  # the wrapper's end: the first frame goes inside the figure's group
     if end < 0:
         return
-    raw.children, raw.rawsource = [nodes.Text(text[:end])], text[:end]
+    # the raw node writes its own <div> with its classes (myst-nb's "output text_html") around its text: that div is
+    # written out here instead, so that it closes after the first frame
+    classes, raw["classes"] = raw.get("classes", []), []
+    opening = f'<div class="{" ".join(classes)}">' if classes else ""
+    closing = "</div>" if classes else ""
+    raw.children = [nodes.Text(opening + text[:end])]
+    raw.rawsource = opening + text[:end]
     parent = raw.parent
     at = parent.index(raw) + 1
     for offset, node in enumerate([nodes.raw("", "<noscript>", format="html"), image,
-                                   nodes.raw("", "</noscript>" + text[end:], format="html")]):
+                                   nodes.raw("", "</noscript>" + text[end:] + closing, format="html")]):
         parent.insert(at + offset, node)
 
 
