@@ -517,7 +517,7 @@ FIGURE_COLOURS = """(mark) => {
     if (!svg) return {drawn: false};
     const labels = [...svg.querySelectorAll(".role-axis-label text, .role-axis-title text, .role-title-text text")];
     return {drawn: true, card: light(behind(svg.parentElement)),
-            text: labels.map((t) => light(rgba(t.getAttribute("fill") || "rgb(0,0,0)"))),
+            text: labels.map((t) => light(rgba(getComputedStyle(t).fill))),
             background: svg.querySelector(".background") ? svg.querySelector(".background").getAttribute("fill") : null};
   });
 }"""

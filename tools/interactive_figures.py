@@ -169,7 +169,10 @@ STACK_ON_A_PHONE = """(function () {
     return out;
   }
   function laidOut(el, spec) {
-    var column = columnOf(el);
+    var column = columnOf(el), figure = el.closest ? el.closest(".sdpa-interactive") : null;
+    // the figure's card is dark (custom.css) only where the figure is drawn in dark colours: one stored before
+    // lib/interactive.py gave its spec dark colours stays on a light card
+    if (figure) figure.classList.toggle("sdpa-dark", !!(spec.usermeta && spec.usermeta.dark) && dark());
     return themed(column < NARROW_PX ? fit(spec, column) : spec);
   }
   var drawn = [];
