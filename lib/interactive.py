@@ -19,14 +19,17 @@ The snippet's element id is derived from the spec, and the numbers are rounded, 
 and strict nbval compares it like any output.
 
     temperature_jacobian   ch. 3   a slider multiplies one row of scores: its weights and softmax Jacobian collapse
-    query_angle            ch. 4   a slider turns the query in the plane: scores, weights and output follow
-    score_products         ch. 2/4 a slider picks a query row: each score written out as q_i · k_j / sqrt(d)
+    query_angle            ch. 4   sliders turn the query in the plane and lengthen it: scores, weights, output
+    score_products         ch. 2/4 a slider picks a query row: each scaled score written out, adding up as written
     mask_alignment         ch. 5   L, S and the causal alignment: which keys each query sees; an empty row gives 0
-    online_softmax         ch. 7   a step slider: the running max, sum and output after each block of keys
+    online_softmax         ch. 7   a step slider from no block read: the running max, ℓ (its terms) and output
     tile_roofline          ch. 8   radio buttons pick the query tile: HBM bytes and the point on the roofline
     head_ablation          ch. 10  a checkbox per head: the attention maps and accuracy with those heads ablated
-    ring_steps             ch. 11  a step slider: which key block each rank holds and the causal tiles it computes
-    sliding_window         ch. 12  a window slider: the band mask and the weights under it
+    ring_steps             ch. 11  a step slider: each key block moves one rank on round the ring
+    sliding_window         ch. 12  window and layer sliders: the band, its weights and the reach through the layers
+
+Every tooltip names its numbers in words; the controls come before the picture; the spec carries the colours of
+the book's dark mode (``usermeta.dark``), which tools/interactive_figures.py applies there.
 """
 
 from __future__ import annotations
@@ -923,8 +926,8 @@ def sliding_window(n=12, *, d=4, seed=0, windows=None, layers=4):
                   if first[a, b]]
         for stack in range(1, layers + 1):
             back = min(n - 1, stack * (w - 1))
-            counts.append({"w": w, "l": stack, "text": f"through {stack} layer{'s' if stack > 1 else ''}: the last "
-                           f"query reaches {back + 1} of {n} positions, back to {n - 1 - back}"})
+            counts.append({"w": w, "l": stack, "text": f"{stack} layer{'s' if stack > 1 else ''}: query {n - 1} "
+                           f"reaches keys {n - 1 - back} to {n - 1}"})
     window = _slider("window", "window w ", windows[0], windows[-1], windows[1] - windows[0], windows[len(windows) // 3])
     depth = _slider("depth", "layers ", 1, layers, 1, 1)
     cell = max(10, 200 // n)

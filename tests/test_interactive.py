@@ -307,6 +307,8 @@ def test_sliding_window_reach_grows_by_a_window_per_layer():
             back = min(11, layers * (w - 1))
             assert {r["j"] for r in reach if r["w"] == w and r["i"] == 11 and r["first"] <= layers} == \
                 set(range(11 - back, 12))
+            line = next(r["text"] for r in rows_with(fig, "w", "text") if (r["w"], r.get("l")) == (w, layers))
+            assert line.endswith(f"query 11 reaches keys {11 - back} to 11")
     assert all(r["first"] == 1 and r["i"] == r["j"] for r in reach if r["w"] == 1)
 
 
