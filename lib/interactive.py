@@ -621,12 +621,15 @@ def online_softmax(scores, values, block):
                   .encode(x=alt.X("j:O", title="key j"), y=alt.Y("s:Q", title="score"), color=colour,
                           tooltip=[_tip("j:O", "key j"), _tip("s:Q", "score", ".3f"), _tip("state:N", "key")]))
     state_data = alt.Chart(_data(states)).transform_filter("datum.t == t && datum.m != null")
-    max_rule = state_data.mark_rule(color=RED, strokeDash=[4, 3], strokeWidth=2).encode(
+    # the rule and ℓ's stack have no mark before block 1, and an empty group of marks would have no accessible
+    # name: they stay out of the accessibility tree (the figure's label and the line of text say what they show)
+    max_rule = state_data.mark_rule(color=RED, strokeDash=[4, 3], strokeWidth=2, aria=False).encode(
         y="m:Q", tooltip=[_tip("m:Q", "running max m", ".3f")])
     left = (score_bars + max_rule).properties(width=min(18 * len(s), 220), height=180,
                                               title="scores (dashed: running max m)")
     total = max(r["ell"] for r in states) * 1.05
-    ell_bar = (alt.Chart(_data(terms)).transform_filter("datum.t == t").mark_bar(stroke="white", strokeWidth=1)
+    ell_bar = (alt.Chart(_data(terms)).transform_filter("datum.t == t")
+               .mark_bar(stroke="white", strokeWidth=1, aria=False)
                .encode(x=alt.X("sum:N", title=None, axis=alt.Axis(labels=False, ticks=False)),
                        y=alt.Y("term:Q", stack="zero", title="ℓ = Σ exp(s_j − m)",
                                scale=alt.Scale(domain=[0, _r(total, 2)])),

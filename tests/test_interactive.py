@@ -234,6 +234,9 @@ def test_online_softmax_draws_l_as_its_terms():
     t1, t2 = ({r["j"]: r["term"] for r in terms if r["t"] == t} for t in (1, 2))
     assert abs(t2[0] / t1[0] - math.exp(1.0 - 2.0)) < 1e-3
     assert "earlier terms × 0.368" in states[2]["text"]
+    # marks that are empty before block 1 stay out of the accessibility tree (an empty group has no name)
+    layers = json.dumps(fig.spec["vconcat"][0]["hconcat"][:2])
+    assert layers.count('"aria": false') == 2
 
 
 def test_tile_roofline_counts_bytes_as_chapter_8():
