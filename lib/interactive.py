@@ -24,9 +24,9 @@ and strict nbval compares it like any output.
     mask_alignment         ch. 5   L, S and the causal alignment: which keys each query sees; an empty row gives 0
     online_softmax         ch. 7   a step slider from no block read: the running max, ℓ (its terms) and output
     tile_roofline          ch. 8   radio buttons pick the query tile: HBM bytes and the point on the roofline
-    head_ablation          ch. 10  a checkbox per head: the attention maps and accuracy with those heads ablated
-    ring_steps             ch. 11  a step slider: each key block moves one rank on round the ring
-    sliding_window         ch. 12  window and layer sliders: the band, its weights and the reach through the layers
+    head_ablation          ch. 11  a checkbox per head: the attention maps and accuracy with those heads ablated
+    ring_steps             ch. 12  a step slider: each key block moves one rank on round the ring
+    sliding_window         ch. 13  window and layer sliders: the band, its weights and the reach through the layers
 
 Every tooltip names its numbers in words; the controls come before the picture; the spec carries the colours of
 the book's dark mode (``usermeta.dark``), which tools/interactive_figures.py applies there.
@@ -722,7 +722,7 @@ def tile_roofline(n=4096, d=64, *, tiles=(16, 32, 64, 128, 256), gpu="H100", byt
 
 
 def head_ablation(model, tokens, *, example=0, scored=None, length=16):
-    """Chapter 10: a checkbox per head of a :class:`lib.model.TinyLM`; maps and accuracy without them, one row of
+    """Chapter 11: a checkbox per head of a :class:`lib.model.TinyLM`; maps and accuracy without them, one row of
     maps per layer, an ablated head's map faded under a title that says "ablated".
 
     For every subset of the model's heads (at most 6 heads in all, so at most 64 subsets) the heads are mean-ablated
@@ -805,14 +805,14 @@ def head_ablation(model, tokens, *, example=0, scored=None, length=16):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# chapter 11: the ring's schedule, step by step
+# chapter 12: the ring's schedule, step by step
 
 
 RING, BLOCKS = 1.0, 0.62  # the ring's radius, where the ranks sit; the circle the blocks move on, inside it
 
 
 def ring_steps(N=1024, world_size=4, *, tile=64, layouts=("contiguous", "zigzag")):
-    """Chapter 11: at ring step s, rank r holds the key block of rank (r - s) mod P and computes its causal tiles.
+    """Chapter 12: at ring step s, rank r holds the key block of rank (r - s) mod P and computes its causal tiles.
 
     A step slider and radio buttons for the layout. The P ranks sit on a ring (a circle, rank 0 at the top, the
     ring running clockwise); each key/value block is drawn beside the rank that holds it, so at every step each
@@ -885,11 +885,11 @@ def ring_steps(N=1024, world_size=4, *, tile=64, layouts=("contiguous", "zigzag"
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# chapter 12: a sliding window
+# chapter 13: a sliding window
 
 
 def sliding_window(n=12, *, d=4, seed=0, windows=None, layers=4):
-    """Chapter 12: causal attention limited to the last w keys (j in (i - w, i]), for each window w, and how far
+    """Chapter 13: causal attention limited to the last w keys (j in (i - w, i]), for each window w, and how far
     back a query reaches through a stack of such layers.
 
     A slider sets w from 1 to n (``windows``: its evenly spaced positions), a second the number of layers, 1 to
