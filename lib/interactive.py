@@ -718,7 +718,7 @@ def tile_roofline(n=4096, d=64, *, tiles=(16, 32, 64, 128, 256), gpu="H100", byt
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# chapter 10: ablating heads
+# chapter 11: ablating heads
 
 
 def head_ablation(model, tokens, *, example=0, scored=None, length=16):

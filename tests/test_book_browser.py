@@ -1031,7 +1031,7 @@ TOGETHER = """(figure) => {
 @pytest.mark.parametrize("page", INTERACTIVE)
 def test_interactive_control_and_picture_share_a_phone_screen(browser, page):
     """At 400 px the controls come before the picture, next to it, and stay on the screen while the reader scrolls
-    down the picture (Figure 4.5's slider sat 850 px under the top of its picture, 10.10's checkboxes 700 px)."""
+    down the picture (Figure 4.5's slider sat 850 px under the top of its picture, 11.7's checkboxes 700 px)."""
     tab = open_page(browser, page, PHONE, phone=True)
     try:
         figures = tab.locator(f".{INTERACTIVE_MARK}")

@@ -463,7 +463,7 @@ def every_figure():
 
 
 def test_a_colour_named_in_a_title_is_the_colour_of_its_marks():
-    """Figure 7.3 said "red: running max m" and 11.5 "red: this step" over vermillion marks a reader calls orange."""
+    """Figure 7.3 said "red: running max m" and 12.5 "red: this step" over vermillion marks a reader calls orange."""
     checked = 0
     for fig in every_figure():
         for title, colours in colour_words_and_marks(fig.spec):
