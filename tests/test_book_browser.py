@@ -5,8 +5,10 @@ cue, no formula is wider than the column, "Back to top" covers no text, wrapped 
 the interactive figures fit the column; at 1,400 px no code cell or output scrolls sideways; no page shows raw TeX;
 axe-core finds no serious or critical accessibility violation on any page, light or dark, desktop or phone, and
 every fold is named for what it opens;
-every interactive figure draws from the book's own copy of Vega, carries a label that stays true, keeps light
-controls in dark mode, and moves when its control is used from the keyboard.
+every interactive figure draws from the book's own copy of Vega, carries a label that stays true, follows the dark
+theme (a dark card, light text, controls drawn in the card's scheme), keeps its controls and its picture on one
+phone screen, shows its first frame and caption without scripts, and moves when its control is used from the
+keyboard.
 
 Needs `make book` (or `make test-book`) first, and Debian's chromium-headless-shell; `make test-browser` runs it
 and says so when either is missing. The accessibility audit needs axe-core from npm (`npm ci`, which `make test`
@@ -462,14 +464,22 @@ FIGURES_ON_A_PHONE = """(mark) => [...document.querySelectorAll("." + mark)].map
 })"""
 
 
-def figures_on_a_phone(tab):
-    figures = tab.locator(f".{INTERACTIVE_MARK}")
-    for n in range(figures.count()):
-        try:
-            figures.nth(n).locator(".vega-embed > svg").first.wait_for(timeout=20_000)
-        except PlaywrightTimeout:
-            break
-    return tab.evaluate(FIGURES_ON_A_PHONE, INTERACTIVE_MARK)
+def once_drawn(script):
+    """A probe that waits for each figure of the page to be drawn (up to the first that is not), then runs script."""
+
+    def probe(tab):
+        figures = tab.locator(f".{INTERACTIVE_MARK}")
+        for n in range(figures.count()):
+            try:
+                figures.nth(n).locator(".vega-embed > svg").first.wait_for(timeout=20_000)
+            except PlaywrightTimeout:
+                break
+        return tab.evaluate(script, INTERACTIVE_MARK)
+
+    return probe
+
+
+figures_on_a_phone = once_drawn(FIGURES_ON_A_PHONE)
 
 
 # In dark mode, each figure control's colour scheme and accent, and the brightness of the box it is drawn on.
@@ -488,6 +498,32 @@ CONTROL_COLOURS = """(mark) => {
             light: (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255 > 0.5};
   });
 }"""
+
+
+# In dark mode, each drawn figure: the brightness of its card (the first opaque background behind its picture) and
+# of its axis labels and titles, and the SVG's own background.
+FIGURE_COLOURS = """(mark) => {
+  const rgba = (text) => (text.match(/[\\d.]+/g) || []).map(Number);
+  const light = ([r, g, b]) => (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255;
+  const behind = (el) => {
+    for (; el; el = el.parentElement) {
+      const colour = rgba(getComputedStyle(el).backgroundColor);
+      if (colour.length === 3 || colour[3] > 0.5) return colour;
+    }
+    return [255, 255, 255];
+  };
+  return [...document.querySelectorAll("." + mark)].map((figure) => {
+    const svg = figure.querySelector(".vega-embed > svg");
+    if (!svg) return {drawn: false};
+    const labels = [...svg.querySelectorAll(".role-axis-label text, .role-axis-title text, .role-title-text text")];
+    return {drawn: true, card: light(behind(svg.parentElement)),
+            text: labels.map((t) => light(rgba(getComputedStyle(t).fill))),
+            background: svg.querySelector(".background") ? svg.querySelector(".background").getAttribute("fill") : null};
+  });
+}"""
+
+
+figure_colours = once_drawn(FIGURE_COLOURS)
 
 
 # The interactive figures (lib/interactive.py): whether Vega came from the book's own bundle, and then each figure
@@ -584,7 +620,8 @@ PROBES = {
                 "check_contrast": CHECK_CONTRAST, "fold_buttons": FOLD_BUTTONS, "sideways": SIDEWAYS, "axe": audit},
     "phone": {"page_width": "() => document.documentElement.scrollWidth", "toggle_heights": (TOGGLE_HEIGHTS, TOGGLES),
               "sideways": SIDEWAYS, "lines": PHONE_LINES, "figures": figures_on_a_phone, "axe": audit},
-    "dark": {"check_contrast": CHECK_CONTRAST, "controls": (CONTROL_COLOURS, INTERACTIVE_MARK), "axe": audit},
+    "dark": {"check_contrast": CHECK_CONTRAST, "controls": (CONTROL_COLOURS, INTERACTIVE_MARK),
+             "figure_colours": figure_colours, "axe": audit},
     "phone-dark": {"axe": audit},
     "interactive": {"vega": (VEGA_ON_THE_PAGE, VEGA_BUNDLE), "figures": operate_the_figures},
 }
@@ -952,13 +989,85 @@ def test_interactive_text_stays_in_the_picture_at_every_slider_step_on_a_phone(b
 
 @pytest.mark.parametrize("page", INTERACTIVE)
 def test_interactive_controls_in_dark_mode_match_their_box(browser, page):
-    """In dark mode the figure stays on a light box, so its radio buttons, checkboxes and sliders are drawn in the
-    light scheme (Chromium's dark scheme drew an unchosen radio button as a dark disk) with the book's accent."""
+    """The figure's radio buttons, checkboxes and sliders are drawn in the scheme of the box behind them (in dark
+    mode a dark card; Chromium's dark scheme once drew an unchosen radio button as a dark disk on a light box), with
+    an accent of the book's."""
     controls = visit(browser, page, "dark")["controls"]
     assert controls, "no figure control on the page"
     wrong = [c for c in controls if c["scheme"] != ("light" if c["light"] else "dark")]
     assert not wrong, f"{len(wrong)} controls drawn in a scheme unlike the box behind them, first {wrong[:2]}"
     assert all(c["accent"] not in ("auto", "") for c in controls), "the controls keep the browser's accent colour"
+
+
+@pytest.mark.parametrize("page", INTERACTIVE)
+def test_interactive_figures_follow_the_dark_theme(browser, page):
+    """In dark mode a figure's card is dark, like the page, and its axis labels and titles are light on it (they sat
+    on a bright light-grey block)."""
+    figures = visit(browser, page, "dark")["figure_colours"]
+    assert figures and all(f["drawn"] for f in figures), f"a figure was not drawn in dark mode: {figures}"
+    for n, figure in enumerate(figures, 1):
+        assert figure["card"] < 0.3, f"figure {n}: its card is light ({figure['card']:.2f}) on the dark page"
+        assert figure["text"] and min(figure["text"]) > 0.6, f"figure {n}: dark text on the dark card"
+        assert figure["background"] in (None, "transparent"), f"figure {n}: its own background {figure['background']}"
+
+
+# At 400 px, each figure scrolled so that the top of its picture is just under the top of the screen, and then so
+# that its bottom is at the bottom: where its first control is each time, the picture's edges, and the room between
+# the controls and the picture.
+TOGETHER = """(figure) => {
+  const svg = figure.querySelector(".vega-embed > svg"), bindings = figure.querySelector(".vega-bindings");
+  const control = figure.querySelector(".vega-bind input");
+  const at = (y) => { window.scrollTo({top: y, behavior: "instant"}); return control.getBoundingClientRect(); };
+  const top = svg.getBoundingClientRect().top + scrollY, bottom = svg.getBoundingClientRect().bottom + scrollY;
+  const first = at(bindings.getBoundingClientRect().top + scrollY - 10);
+  const gap = svg.getBoundingClientRect().top - bindings.getBoundingClientRect().bottom;
+  const pictureInView = svg.getBoundingClientRect().top < innerHeight;
+  const last = at(bottom - innerHeight + 10);
+  return {height: Math.round(bottom - top), gap: Math.round(gap), screen: innerHeight, pictureInView,
+          first: [Math.round(first.top), Math.round(first.bottom)], last: [Math.round(last.top), Math.round(last.bottom)]};
+}"""
+
+
+@pytest.mark.parametrize("page", INTERACTIVE)
+def test_interactive_control_and_picture_share_a_phone_screen(browser, page):
+    """At 400 px the controls come before the picture, next to it, and stay on the screen while the reader scrolls
+    down the picture (Figure 4.5's slider sat 850 px under the top of its picture, 11.7's checkboxes 700 px)."""
+    tab = open_page(browser, page, PHONE, phone=True)
+    try:
+        figures = tab.locator(f".{INTERACTIVE_MARK}")
+        for n in range(figures.count()):
+            figures.nth(n).locator(".vega-embed > svg").first.wait_for(timeout=20_000)
+            found = figures.nth(n).evaluate(TOGETHER)
+            where = f"figure {n + 1}: {found}"
+            assert 0 <= found["gap"] <= 24, f"{where}: the controls are not right above the picture"
+            assert found["pictureInView"] and 0 <= found["first"][0] and found["first"][1] <= found["screen"], where
+            assert 0 <= found["last"][0] and found["last"][1] <= found["screen"], \
+                f"{where}: the control leaves the screen while the picture scrolls"
+    finally:
+        tab.context.close()
+
+
+@pytest.mark.parametrize("page", INTERACTIVE)
+def test_interactive_figures_show_their_first_frame_without_scripts(browser, page):
+    """With JavaScript off each figure is its first frame (the PNG the notebook stores) under its caption, not an
+    empty box."""
+    context = browser.new_context(viewport=DESKTOP, java_script_enabled=False)
+    try:
+        tab = context.new_page()
+        tab.goto(html_path(page).as_uri(), wait_until="load")
+        frames = tab.evaluate("""(mark) => [...document.querySelectorAll("." + mark)].map((figure) => {
+          const img = figure.querySelector("img"), box = img ? img.getBoundingClientRect() : null;
+          const caption = figure.closest("figure") && figure.closest("figure").querySelector("figcaption");
+          return {img: !!img, loaded: !!img && img.complete && img.naturalWidth > 0, width: box ? box.width : 0,
+                  height: box ? box.height : 0, alt: img ? img.alt : "", caption: caption ? caption.textContent.trim() : ""};
+        })""", INTERACTIVE_MARK)
+        assert len(frames) == interactive_in_notebook(page), f"{len(frames)} figures without scripts"
+        for n, frame in enumerate(frames, 1):
+            assert frame["img"] and frame["loaded"], f"figure {n}: no first frame without scripts: {frame}"
+            assert frame["width"] > 200 and frame["height"] > 100, f"figure {n}: its first frame is not shown: {frame}"
+            assert frame["alt"] and frame["caption"], f"figure {n}: a first frame without alt text or caption"
+    finally:
+        context.close()
 
 
 @pytest.mark.parametrize("page", INTERACTIVE)

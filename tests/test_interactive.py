@@ -9,6 +9,7 @@ nbval compares it), a PNG first frame, and Vega loaded only from the page's own 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import math
 import pathlib
@@ -75,33 +76,95 @@ def test_temperature_weights_and_jacobian_at_every_position():
     assert top < 0.01 < max(r["J"] for r in jac if r["c"] == 1), "the Jacobian should close as c grows"
 
 
-def test_query_angle_runs_attention_at_every_angle():
+def test_query_angle_runs_attention_at_every_angle_and_length():
     fig = I.query_angle(KEYS, VALUES, ["A", "B", "C"])
-    bind = bindings(fig)["angle"]
-    outputs = rows_with(fig, "a", "label")
-    bars = rows_with(fig, "a", "key", "what", "v")
-    assert [r["a"] for r in outputs] == slider_positions(bind)
+    binds = bindings(fig)
+    assert binds["angle"]["input"] == binds["qlen"]["input"] == "range"
+    outputs = rows_with(fig, "a", "n", "x", "y")
+    bars = rows_with(fig, "a", "n", "key", "score", "weight")
+    readout = rows_with(fig, "a", "n", "text")
+    angles, lengths = slider_positions(binds["angle"]), slider_positions(binds["qlen"])
+    assert lengths == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert sorted({(r["a"], r["n"]) for r in outputs}) == [(a, n) for a in angles for n in lengths]
     for row in outputs:
         a = math.radians(row["a"])
-        q = np.array([[math.cos(a), math.sin(a)]])
+        q = row["n"] * np.array([[math.cos(a), math.sin(a)]])
         out, w = attention(q, np.array(KEYS), np.array(VALUES), return_weights=True)
         np.testing.assert_allclose([row["x"], row["y"]], out[0], atol=1e-4)
-        got = [r["v"] for r in bars if r["a"] == row["a"] and r["what"] == "weight"]
-        np.testing.assert_allclose(got, w[0], atol=1e-4)
+        here = [r for r in bars if (r["a"], r["n"]) == (row["a"], row["n"])]
+        np.testing.assert_allclose([r["weight"] for r in here], w[0], atol=1e-4)
+        np.testing.assert_allclose([r["score"] for r in here], (np.array(KEYS) @ q[0]) / math.sqrt(2), atol=1e-4)
+        # the readout: the angle, the length, the three weights and the output
+        text = next(r["text"] for r in readout if (r["a"], r["n"]) == (row["a"], row["n"]))
+        assert text.startswith(f"angle {row['a']}°, query length {row['n']:g}\nweights A {w[0, 0]:.2f}, ")
+        assert text.endswith(f"output ({out[0, 0]:.2f}, {out[0, 1]:.2f})".replace("-", "−"))
+
+
+def test_query_angle_weights_sharpen_with_the_length():
+    """At length 1 the weights of chapter 4's keys stay between 0.24 and 0.44 at every angle: the length slider is
+    what makes them sharpen (the largest weight grows with the length at every angle)."""
+    fig = I.query_angle(KEYS, VALUES, ["A", "B", "C"])
+    bars = rows_with(fig, "a", "n", "key", "score", "weight")
+    for a in {r["a"] for r in bars}:
+        top = [max(r["weight"] for r in bars if r["a"] == a and r["n"] == n) for n in range(1, 9)]
+        assert all(x < y for x, y in itertools.pairwise(top)), (a, top)
+    assert max(r["weight"] for r in bars if r["n"] == 8) > 0.9 > max(r["weight"] for r in bars if r["n"] == 1)
+
+
+def written_value(line):
+    """The value of a written-out sum "(a·b + (−c)·d ...) × s = r", computed as written, exactly."""
+    from decimal import Decimal
+
+    products, tail = line.replace("−", "-").rsplit(") ", 1)
+    total = sum(Decimal(a.strip("()")) * Decimal(b.strip("()"))
+                for a, b in (term.split("·") for term in products.lstrip("(").split(" + ")))
+    op, scale, shown = re.fullmatch(r"(?:([×/]) √?(\S+) )?= (\S+)", tail).groups()
+    if op == "/":
+        return total / Decimal(scale).sqrt(), Decimal(shown)
+    return total * Decimal(scale or "1"), Decimal(shown)
 
 
 def test_score_products_write_each_score_out():
     Q, K = np.array(KEYS), np.array(VALUES) + 0.1
-    fig = I.score_products(Q, K, ["A", "B", "C"])
-    assert bindings(fig)["row"]["max"] == 2
-    cells = rows_with(fig, "i", "q", "k", "S", "sum")
+    for scale in (0.5, None):  # None: 1/sqrt(2), written "/ √2"
+        fig = I.score_products(Q, K, ["A", "B", "C"], scale=scale)
+        assert bindings(fig)["row"]["max"] == 2
+        cells = rows_with(fig, "i", "q", "k", "S", "sum")
+        assert len(cells) == 9 and all(r["sum"].count("/ √2" if scale is None else "× 0.5") == 1 for r in cells)
     S = Q @ K.T / math.sqrt(2)
-    assert len(cells) == 9
     for r in cells:
         j = "ABC".index(r["k"])
         assert abs(r["S"] - S[r["i"], j]) < 1e-4
-        assert r["sum"].endswith(f"= {S[r['i'], j]:.3f}".replace("-", "−"))
-        assert r["sum"].startswith(f"q {r['q']} · k {r['k']} = (")
+        exact, shown = written_value(r["sum"])
+        assert abs(exact - shown) <= 0.0005, f"{r['sum']} does not add up as written"
+        assert f"{float(shown):.2f}" == f"{S[r['i'], j]:.2f}", "the written result disagrees with the matrix"
+
+
+def test_score_products_add_up_by_hand_on_chapter_2s_kind_of_numbers():
+    """Figure 2.2 wrote two-decimal operands beside the exact result, and a reader who redid a sum by hand missed
+    the result shown in 21 of its 36 cells: every written sum now gives, computed as written, the result shown,
+    which agrees with the matrix to its two decimals. The score is named a scaled score, not a dot product."""
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        Q, K = rng.standard_normal((6, 4)) * 0.8, rng.standard_normal((6, 4)) * 0.8
+        fig = I.score_products(Q, K, ["the", "cat", "sat", "on", "the", "mat"])
+        cells = rows_with(fig, "i", "S", "sum", "short")
+        S = Q @ K.T / 2
+        digits = len(re.search(r"\d\.(\d+)", cells[0]["sum"]).group(1))
+        for r in cells:
+            exact, shown = written_value(r["sum"])
+            assert abs(exact - shown) <= 0.0005, r["sum"]
+            # the result agrees with the matrix's two decimals, or (a score on a rounding boundary) the operands
+            # have their most digits, and the result is within 0.001 of the score
+            score = S[r["i"], cols(r)]
+            assert f"{float(shown):.2f}" == f"{score:.2f}" or (digits == 4 and abs(float(shown) - score) < 1e-3)
+            assert r["short"].replace("\n", " ").endswith(r["sum"])
+    tooltip = json.dumps(fig.spec, ensure_ascii=False)
+    assert "scaled score S = q·k × 0.5" in tooltip and "q_i · k_j =" not in tooltip
+
+
+def cols(row):
+    return int(row["short"].split()[1])
 
 
 def test_mask_alignment_every_combination_and_the_empty_row():
@@ -121,21 +184,59 @@ def test_mask_alignment_every_combination_and_the_empty_row():
     assert 0.0 in [r["sum"] for r in sums if r["al"] == "bottom-right"], "L > S bottom-right leaves an empty row"
 
 
+def test_mask_alignment_draws_only_the_rows_that_exist():
+    """Its axes stayed max_L by max_S, so rows beyond L were drawn as blank rows, which looked like the "no key"
+    rows the figure is about: no row or column beyond the sequence is stored, and no axis holds a fixed domain of
+    positions, so the grid has L rows and S columns at every setting, one step each."""
+    fig = I.mask_alignment(6, 6)
+    cells = rows_with(fig, "L", "S", "al", "i", "j", "ok", "w")
+    assert all(r["i"] < r["L"] and r["j"] < r["S"] for r in cells)
+    text = json.dumps(fig.spec)
+    assert '"domain": [0, 1, 2' not in text
+    grid = fig.spec["hconcat"][0]
+    assert grid["height"] == {"step": 34} and grid["width"] == {"step": 34}
+
+
 def test_online_softmax_ends_at_attention():
     rng = np.random.default_rng(0)
     s, V = rng.standard_normal(10) * 2, rng.random((10, 2))
     fig = I.online_softmax(s, V, 4)
-    assert bindings(fig)["t"]["max"] == 3
+    bind = bindings(fig)["t"]
+    assert (bind["min"], bind["max"]) == (0, 3)
+    assert next(p for p in fig.spec["params"] if p["name"] == "t")["value"] == 0, "it starts before block 1"
     outs = rows_with(fig, "t", "c", "o", "final")
-    states = rows_with(fig, "t", "m", "text")
+    states = rows_with(fig, "t", "m", "ell", "text")
     exact = attention(np.ones((1, 1)), s[:, None], V, scale=1.0)[0]
     last = [r["o"] for r in outs if r["t"] == 3]
     np.testing.assert_allclose(last, exact, atol=1e-4)
-    for r in states:
-        assert abs(r["m"] - s[: min(4 * r["t"], 10)].max()) < 1e-4
+    before = next(r for r in states if r["t"] == 0)
+    assert before["m"] is None and before["ell"] == 0 and before["text"].startswith("before block 1: m = −∞, ℓ = 0")
+    assert [r["o"] for r in outs if r["t"] == 0] == [0.0, 0.0]
+    for r in states[1:]:
+        seen = s[: min(4 * r["t"], 10)]
+        assert abs(r["m"] - seen.max()) < 1e-4
+        assert abs(r["ell"] - np.exp(seen - seen.max()).sum()) < 1e-4
     first = [r["o"] for r in outs if r["t"] == 1]
     w = softmax(s[:4])
     np.testing.assert_allclose(first, w @ V[:4], atol=1e-4)
+
+
+def test_online_softmax_draws_l_as_its_terms():
+    """ℓ is drawn, as a stack of its terms exp(s_j - m) under the running max: they add up to ℓ after each block,
+    and when m rises the earlier terms shrink by exp(m_old - m_new)."""
+    s, V = np.array([0.5, 1.0, -0.3, 2.0, 0.1, 3.0]), np.eye(6)[:, :3]
+    fig = I.online_softmax(s, V, 2)
+    terms, states = rows_with(fig, "t", "j", "term"), rows_with(fig, "t", "m", "ell", "text")
+    assert not [r for r in terms if r["t"] == 0]
+    for state in states[1:]:
+        here = [r["term"] for r in terms if r["t"] == state["t"]]
+        assert len(here) == 2 * state["t"] and abs(sum(here) - state["ell"]) < 1e-3
+    t1, t2 = ({r["j"]: r["term"] for r in terms if r["t"] == t} for t in (1, 2))
+    assert abs(t2[0] / t1[0] - math.exp(1.0 - 2.0)) < 1e-3
+    assert "earlier terms × 0.368" in states[2]["text"]
+    # marks that are empty before block 1 stay out of the accessibility tree (an empty group has no name)
+    layers = json.dumps(fig.spec["vconcat"][0]["hconcat"][:2])
+    assert layers.count('"aria": false') == 2
 
 
 def test_tile_roofline_counts_bytes_as_chapter_8():
@@ -157,18 +258,28 @@ def test_tile_roofline_counts_bytes_as_chapter_8():
     assert all(p["tflops"] <= cost.gpu("H100").tensor_flops / 1e12 for p in points + fixed)
 
 
-def test_ring_steps_hold_the_rotating_block():
+def test_ring_steps_move_each_block_round_a_ring():
     from lib.ring import causal_tile_counts
 
     fig = I.ring_steps(512, 4, tile=32)
-    cells = rows_with(fig, "layout", "step", "rank", "block", "tiles")
+    blocks = rows_with(fig, "layout", "step", "rank", "block", "x", "y", "tiles")
+    ranks = rows_with(fig, "rank", "x", "y", "lx")
     for layout in ("contiguous", "zigzag"):
         counts = causal_tile_counts(512, 4, layout, tile=32)
-        for r in cells:
+        for r in blocks:
             if r["layout"] == layout:
                 rank = int(r["rank"].split()[-1])
-                assert r["block"] == f"K, V of {(rank - r['step']) % 4}"
+                assert r["block"] == f"K, V {(rank - r['step']) % 4}"
                 assert r["tiles"] == counts[r["step"]][rank]
+    # every rank and every block lies on a circle, a block beside the rank that holds it, one rank on per step
+    assert all(abs(math.hypot(r["x"], r["y"]) - I.RING) < 2e-3 for r in ranks)
+    assert all(abs(math.hypot(r["x"], r["y"]) - I.BLOCKS) < 2e-3 for r in blocks)
+    angle = {r["rank"]: math.atan2(r["y"], r["x"]) for r in ranks}
+    for r in blocks:
+        assert abs(math.atan2(r["y"], r["x"]) - angle[r["rank"]]) < 1e-2
+    where = {(r["step"], r["block"]): int(r["rank"].split()[-1]) for r in blocks if r["layout"] == "zigzag"}
+    assert all(where[step + 1, block] == (where[step, block] + 1) % 4 for step, block in where if step < 3)
+    assert len({(r["x"], r["y"]) for r in ranks}) == 4
 
 
 def test_sliding_window_band_and_weights():
@@ -184,6 +295,24 @@ def test_sliding_window_band_and_weights():
         assert [r["ok"] for r in got] == band.ravel().tolist()
         np.testing.assert_allclose([r["a"] for r in got], attention_weights(q, k, band).ravel(), atol=1e-3)
     assert all(r["ok"] == (r["i"] == r["j"]) for r in cells if r["w"] == 1)
+
+
+def test_sliding_window_reach_grows_by_a_window_per_layer():
+    """Through l layers of a window w, query i reaches back to i - l(w - 1): the figure marks for every pair the first
+    layer that reaches it, with a second slider for the layers."""
+    fig = I.sliding_window(12, layers=4)
+    assert bindings(fig)["depth"]["max"] == 4
+    reach = rows_with(fig, "w", "i", "j", "first")
+    for w in (2, 3, 5):
+        for r in (r for r in reach if r["w"] == w):
+            assert r["first"] == max(1, math.ceil((r["i"] - r["j"]) / (w - 1))), r
+        for layers in range(1, 5):
+            back = min(11, layers * (w - 1))
+            assert {r["j"] for r in reach if r["w"] == w and r["i"] == 11 and r["first"] <= layers} == \
+                set(range(11 - back, 12))
+            line = next(r["text"] for r in rows_with(fig, "w", "text") if (r["w"], r.get("l")) == (w, layers))
+            assert line.endswith(f"query 11 reaches keys {11 - back} to 11")
+    assert all(r["first"] == 1 and r["i"] == r["j"] for r in reach if r["w"] == 1)
 
 
 def test_head_ablation_every_subset_restores_the_model():
@@ -204,6 +333,11 @@ def test_head_ablation_every_subset_restores_the_model():
     assert len(bindings(fig)) == 4 and all(b["input"] == "checkbox" for b in bindings(fig).values())
     maps = rows_with(fig, "key", "head", "i", "w")
     assert len({r["key"] for r in maps}) == 16
+    # one row of maps per layer; an ablated head's map is faded under a title that says so
+    assert [len(row["hconcat"]) for row in fig.spec["vconcat"][:2]] == [2, 2]
+    first = fig.spec["vconcat"][0]["hconcat"][0]
+    assert "off_0 ? 'L1h0: ablated' : 'L1h0'" in json.dumps(first["title"])
+    assert first["encoding"]["opacity"]["condition"]["test"] == "off_0"
     with torch.no_grad():
         _, weights = model(tokens, return_weights=True)
     intact = [w for r in maps if r["key"] == "0000" and r["head"] == "L2h1" for w in r["w"]]
@@ -273,9 +407,9 @@ def test_score_products_text_panel_holds_its_longest_sum():
     fig = I.score_products(np.round(rng.standard_normal((6, 4)) * 1.3, 2), rng.standard_normal((6, 4)),
                            ["the", "cat", "sat", "on", "the", "mat"])
     shorts = [r["short"] for r in rows_with(fig, "short", "S")]
-    # two lines each: the products, then the scale and the score, the same sum as the tooltip's
-    assert all(len(s.split("\n")) == 2 and s.split("\n")[1].startswith("× 0.5 = ") for s in shorts)
-    tips = {r["sum"].split(" = ", 1)[1] for r in rows_with(fig, "sum")}
+    # three lines each: the products in two halves, then the scale and the score, the same sum as the tooltip's
+    assert all(len(s.split("\n")) == 3 and s.split("\n")[2].startswith("× 0.5 = ") for s in shorts)
+    tips = {r["sum"] for r in rows_with(fig, "sum")}
     assert {s.split(": ", 1)[1].replace("\n", " ") for s in shorts} == tips
     longest = max(len(line) for s in shorts for line in s.split("\n"))
     panel = next(c for c in fig.spec["hconcat"] if "written out" in json.dumps(c.get("title", "")))
@@ -329,7 +463,7 @@ def every_figure():
 
 
 def test_a_colour_named_in_a_title_is_the_colour_of_its_marks():
-    """Figure 7.3 said "red: running max m" and 11.5 "red: this step" over vermillion marks a reader calls orange."""
+    """Figure 7.3 said "red: running max m" and 12.5 "red: this step" over vermillion marks a reader calls orange."""
     checked = 0
     for fig in every_figure():
         for title, colours in colour_words_and_marks(fig.spec):
@@ -343,6 +477,55 @@ def test_a_colour_named_in_a_title_is_the_colour_of_its_marks():
 def test_a_slider_leaves_room_for_its_focus_ring():
     """The keyboard focus ring of a slider covered the value printed after it."""
     assert re.search(r"input\[type=range\] \{[^}]*margin-right: 0\.[5-9]rem", I.STYLE)
+
+
+def tooltips(node):
+    """Every tooltip line of a spec: (its field, its title)."""
+    found = []
+    if isinstance(node, dict):
+        tip = node.get("tooltip")
+        for line in tip if isinstance(tip, list) else [tip] if isinstance(tip, dict) else []:
+            found.append((line.get("field"), line.get("title")))
+        for key, value in node.items():
+            if key != "datasets":
+                found += tooltips(value)
+    elif isinstance(node, list):
+        for value in node:
+            found += tooltips(value)
+    return found
+
+
+def test_every_tooltip_names_its_number_in_words():
+    """Tooltips read raw field names ("what", "ok", "w", "v"): every line of every figure's tooltips has a title in
+    words."""
+    checked = 0
+    for fig in every_figure():
+        lines = tooltips(fig.spec)
+        assert lines, f"{fig.name} has no tooltip"
+        for field, title in lines:
+            checked += 1
+            assert title and re.search(r"[A-Za-z]{2}", title), f"{fig.name}: {field!r} has no title in words"
+            # a field's own name is a title only where it is a word the chapter's reader knows
+            assert title != field or field in {"weight", "score", "tiles", "rank"}, f"{fig.name}: {field!r} {title!r}"
+    assert checked >= 30
+
+
+def test_every_figure_carries_its_dark_colours():
+    """The book's dark mode draws each figure in the colours its spec carries: the text and lines on its face, a
+    masked cell and the text on it swap, and Vega's axes, legends and titles take light text on no background."""
+    for fig in every_figure():
+        dark = fig.spec["usermeta"]["dark"]
+        assert set(dark["colours"]) == {I.FOREGROUND, I.GREY, I.MASKED_INK}
+        assert dark["config"]["background"] == "transparent"
+        assert dark["config"]["axis"]["labelColor"] == dark["config"]["title"]["color"] == I.LIGHT_TEXT
+        text = json.dumps({k: v for k, v in fig.spec.items() if k not in ("datasets", "usermeta")})
+        # text drawn on the face is in the swappable colour: no "black" outside the inks of coloured cells
+        assert '"color": "black"' not in text.replace('"value": "black"', ""), fig.name
+
+
+def test_the_controls_come_before_the_picture():
+    """On a phone Figure 4.5's slider sat 850 px below the top of its picture: the snippet puts the controls first."""
+    assert re.search(r"\.vega-bindings \{order: -1;", I.STYLE)
 
 
 def test_the_bundle_matches_the_snippets():
@@ -427,6 +610,15 @@ def test_demo_page_loads_the_bundle_once_from_its_own_folder(demo_book):
     assert 'aria-label="Bars of four softmax weights' not in page
     assert page.count("window.vegaEmbed = wrapped") == 1, "the phone layout's wrapper of vegaEmbed is not on the page"
     assert re.search(r"Fig\. 1.{0,40}The slider multiplies the scores", page, re.DOTALL), "no numbered caption"
+    # without scripts, each figure is its first frame: the stored PNG, copied beside the page, inside <noscript> at
+    # the end of the figure's wrapper, with the cell's alt text
+    frames = re.findall(r'<noscript><img alt="([^"]+)" class="sdpa-first-frame" src="([^"]+)" />\s*</noscript></div>'
+                        r"</div>", page)
+    wrappers = re.findall(r'<div class="output text_html"><div class="sdpa-interactive"', page)
+    assert len(wrappers) == FIGURES, "the figure is not the first thing in its output box"
+    assert len(frames) == FIGURES, f"{len(frames)} first frames for {FIGURES} figures"
+    assert frames[0][0] == "Bars of four softmax weights and a four by four Jacobian heatmap."
+    assert all((demo_book / src).read_bytes().startswith(b"\x89PNG") for _, src in frames)
     bytes_gained = len(page.encode()) + (demo_book / scripts[0].split("?")[0]).stat().st_size
     print(f"demo page: {len(page.encode())} bytes of HTML, bundle {bytes_gained - len(page.encode())} bytes")
 

@@ -13,9 +13,12 @@ folder, so this extension
   NAME: CONTROL>"). The cell's ``mystnb.image.alt`` describes the first frame only, so it stays on that frame (the
   PNG for readers without JavaScript) and is not copied to the snippet, which would keep describing the first
   frame after the control moved;
-- on a column narrower than a figure (a phone), stacks the figure's side-by-side panels before Vega draws it
-  (every ``hconcat`` of the spec becomes a ``vconcat``); `_static/custom.css` scales what is still wider to the
-  column.
+- on a column narrower than a figure (a phone), draws a row of its panels a little smaller, or stacks it, before
+  Vega draws it (see STACK_ON_A_PHONE); `_static/custom.css` scales what is still wider to the column, and keeps
+  the controls, which come first, in view while the picture scrolls under them;
+- in the book's dark mode, draws the figure in the dark colours its spec carries (and again when the reader
+  switches the theme);
+- for a reader without scripts, shows the figure's first frame, the PNG the notebook stores, in <noscript>.
 `_config.yml` loads it (``sphinx.local_extensions``: ``interactive_figures: tools/``).
 """
 
@@ -70,25 +73,56 @@ def write_bundle(app):
 
 CONTROL = re.compile(r"^<interactive figure [^:>]+: (.+)>$")
 
-# Run after vl-convert's bundle, before any snippet draws: vegaEmbed, wrapped, lays a figure out for a column
-# narrower than NARROW px (a phone; the widest figure is about 730 px): its panels stacked (hconcat -> vconcat),
-# no panel wider than the column less 80 px for its axis, and a line of text (a left-aligned text mark) broken
-# between its clauses. Only the layout changes: the data, the marks and the controls are those of the spec.
+# Run after vl-convert's bundle, before any snippet draws: vegaEmbed, wrapped,
+# - lays a figure out for a column narrower than it (a phone): a row of panels (hconcat) too wide for the column is
+#   drawn smaller where a little is enough (down to SHRINK of its size: a row of two plots stays a row), and is
+#   stacked (hconcat -> vconcat) otherwise; no panel is wider than the column less 80 px for its axis, and a line of
+#   text (a left-aligned text mark) breaks between its clauses. The width of a row is estimated from its panels'
+#   widths, plus AXIS px for each panel's axis and the spacing between them;
+# - in the book's dark mode (data-theme="dark" on <html>, which the theme sets before the page draws), swaps the
+#   figure's colours and adds the configuration the spec carries for it (usermeta.dark, lib/interactive.py), and
+#   draws each figure again, its controls where the reader left them, when the reader switches the theme.
+# Only the layout and the colours change: the data, the marks and the controls are those of the spec.
 NARROW = 576
 STACK_ON_A_PHONE = """(function () {
   var embed = window.vegaEmbed;
   if (typeof embed !== "function") return;
+  var AXIS = 50, SPACING = 20, SHRINK = 0.7;
   // a comma followed by no ")" before the next "(": a line of text breaks between its clauses, not inside a tuple
   var clauses = {expr: "regexp(', (?![^(]*[)])')"};
-  function stack(spec, widest) {
-    if (Array.isArray(spec)) return spec.map(function (part) { return stack(part, widest); });
+  function width(spec) {
+    if (Array.isArray(spec.hconcat)) {
+      return spec.hconcat.reduce(function (sum, part) { return sum + width(part); }, 0)
+        + SPACING * (spec.hconcat.length - 1);
+    }
+    if (Array.isArray(spec.vconcat)) return Math.max.apply(null, spec.vconcat.map(width));
+    if (typeof spec.width === "number") return spec.width + AXIS;
+    if (spec.width && spec.width.step) return 8 * spec.width.step + AXIS;
+    if (Array.isArray(spec.layer)) return Math.max.apply(null, spec.layer.map(width));
+    return 100 + AXIS;
+  }
+  function scaled(spec, factor) {
+    var out = Object.assign({}, spec);
+    ["width", "height"].forEach(function (key) {
+      if (typeof out[key] === "number") out[key] = Math.floor(out[key] * factor);
+    });
+    return out;
+  }
+  function fit(spec, column) {
+    if (Array.isArray(spec)) return spec.map(function (part) { return fit(part, column); });
     if (spec === null || typeof spec !== "object") return spec;
     var out = {};
     Object.keys(spec).forEach(function (key) {
       var value = spec[key];
-      if (key === "datasets" || key === "data") out[key] = value;
-      else if (key === "width" && typeof value === "number") out[key] = Math.min(value, widest);
-      else out[key === "hconcat" ? "vconcat" : key] = stack(value, widest);
+      if (key === "datasets" || key === "data" || key === "usermeta") out[key] = value;
+      else if (key === "width" && typeof value === "number") out[key] = Math.min(value, column - 80);
+      else if (key === "hconcat" && Array.isArray(value)) {
+        var wide = width(spec), fixed = AXIS * value.length + SPACING * (value.length - 1);
+        var factor = (column - fixed) / Math.max(1, wide - fixed);
+        if (wide <= column) out[key] = value;
+        else if (factor >= SHRINK) out[key] = value.map(function (part) { return scaled(part, factor); });
+        else out.vconcat = fit(value, column);
+      } else out[key] = fit(value, column);
     });
     var mark = out.mark;
     if (mark && mark.type === "text" && mark.align === "left" && !mark.lineBreak) {
@@ -96,15 +130,78 @@ STACK_ON_A_PHONE = """(function () {
     }
     return out;
   }
-  function stacked(el, spec) {
+  function columnOf(el) {
     var column = el.closest ? el.closest(".sdpa-interactive") : null;
-    var width = (column || el).getBoundingClientRect().width || window.innerWidth;
-    return width < NARROW_PX ? stack(spec, Math.max(160, width - 80)) : spec;
+    return (column || el).getBoundingClientRect().width || window.innerWidth;
   }
+  function dark() { return document.documentElement.dataset.theme === "dark"; }
+  function recoloured(node, colours) {
+    if (Array.isArray(node)) return node.map(function (part) { return recoloured(part, colours); });
+    if (typeof node === "string") {
+      Object.keys(colours).forEach(function (from) { node = node.split(from).join(colours[from]); });
+      return node;
+    }
+    if (node === null || typeof node !== "object") return node;
+    var out = {};
+    Object.keys(node).forEach(function (key) {
+      out[key] = key === "datasets" || key === "data" ? node[key] : recoloured(node[key], colours);
+    });
+    return out;
+  }
+  function merged(base, extra) {
+    var out = Object.assign({}, base);
+    Object.keys(extra).forEach(function (key) {
+      var a = out[key], b = extra[key];
+      out[key] = a && typeof a === "object" && b && typeof b === "object" && !Array.isArray(b) ? merged(a, b) : b;
+    });
+    return out;
+  }
+  function themed(spec) {
+    var scheme = spec.usermeta && spec.usermeta.dark;
+    if (!scheme || !dark()) return spec;
+    var colours = {};
+    Object.keys(scheme.colours).forEach(function (from) {
+      colours[from] = scheme.colours[from];
+      colours[from.toLowerCase()] = scheme.colours[from];
+    });
+    var out = recoloured(spec, colours);
+    out.config = merged(out.config || {}, scheme.config);
+    return out;
+  }
+  function laidOut(el, spec) {
+    var column = columnOf(el), figure = el.closest ? el.closest(".sdpa-interactive") : null;
+    // the figure's card is dark (custom.css) only where the figure is drawn in dark colours: one stored before
+    // lib/interactive.py gave its spec dark colours stays on a light card
+    if (figure) figure.classList.toggle("sdpa-dark", !!(spec.usermeta && spec.usermeta.dark) && dark());
+    return themed(column < NARROW_PX ? fit(spec, column) : spec);
+  }
+  var drawn = [];
   var wrapped = function (el, spec, options) {
     var target = typeof el === "string" ? document.querySelector(el) : el;
-    return embed(el, target && typeof spec === "object" ? stacked(target, spec) : spec, options);
+    if (!target || typeof spec !== "object") return embed(el, spec, options);
+    var entry = {target: target, spec: spec, options: options};
+    entry.result = embed(target, laidOut(target, spec), options);
+    drawn.push(entry);
+    return entry.result;
   };
+  // the reader switched the theme: each figure is drawn again in it, its controls where they were
+  var theme = document.documentElement.dataset.theme;
+  new MutationObserver(function () {
+    if (document.documentElement.dataset.theme === theme) return;
+    theme = document.documentElement.dataset.theme;
+    drawn.forEach(function (entry) {
+      entry.result = entry.result.then(function (result) {
+        var spec = Object.assign({}, entry.spec);
+        spec.params = (entry.spec.params || []).map(function (param) {
+          if (!param.bind) return param;
+          try { return Object.assign({}, param, {value: result.view.signal(param.name)}); }
+          catch (error) { return param; }
+        });
+        result.finalize();
+        return embed(entry.target, laidOut(entry.target, spec), entry.options);
+      });
+    });
+  }).observe(document.documentElement, {attributes: true, attributeFilter: ["data-theme"]});
   Object.keys(embed).forEach(function (key) { wrapped[key] = embed[key]; });
   window.vegaEmbed = wrapped;
 })();""".replace("NARROW_PX", str(NARROW))
@@ -134,7 +231,8 @@ def label(bundle, env, docname) -> str:
 
 
 class AltText(SphinxPostTransform):
-    """Before myst-nb picks one output per builder (its priority 4), label the snippet (see label)."""
+    """Before myst-nb picks one output per builder (its priority 4), label the snippet (see label), and give it its
+    first frame for a reader without scripts (see first_frame)."""
 
     default_priority = 3
     formats = ("html",)
@@ -149,6 +247,38 @@ class AltText(SphinxPostTransform):
                 text = raw.astext().replace(MARKER, f'{MARKER} role="group" aria-label="{text}"', 1)
                 raw.children = [nodes.Text(text)]
                 raw.rawsource = text
+                first_frame(bundle, raw)
+
+
+def first_frame(bundle, raw):
+    """Without scripts (JavaScript off, a reader that strips them) the snippet draws nothing: the figure's first
+    frame, the PNG the notebook stores beside it (its image node, with the cell's alt text, which describes that
+    frame), goes at the end of the figure's wrapper inside <noscript>, where a page that runs scripts neither shows
+    nor fetches it.
+    The image node is copied from the PNG's output, which myst-nb then drops: Sphinx copies the file to _images."""
+    images = [image for child in bundle.children
+              if isinstance(child, nodes.container) and child.get("mime_type") == "image/png"
+              for image in child.findall(nodes.image)]
+    if not images:  # a figure drawn without vl-convert stores no first frame
+        return
+    image = images[0].deepcopy()
+    image["classes"] = [*image.get("classes", []), "sdpa-first-frame"]
+    text = raw.astext()
+    end = text.rstrip().rfind("</div>")  # the wrapper's end: the first frame goes inside the figure's group
+    if end < 0:
+        return
+    # the raw node writes its own <div> with its classes (myst-nb's "output text_html") around its text: that div is
+    # written out here instead, so that it closes after the first frame
+    classes, raw["classes"] = raw.get("classes", []), []
+    opening = f'<div class="{" ".join(classes)}">' if classes else ""
+    closing = "</div>" if classes else ""
+    raw.children = [nodes.Text(opening + text[:end])]
+    raw.rawsource = opening + text[:end]
+    parent = raw.parent
+    at = parent.index(raw) + 1
+    for offset, node in enumerate([nodes.raw("", "<noscript>", format="html"), image,
+                                   nodes.raw("", "</noscript>" + text[end:] + closing, format="html")]):
+        parent.insert(at + offset, node)
 
 
 def add_scripts(app, pagename, templatename, context, doctree):
