@@ -763,3 +763,9 @@ def test_chapter_10_training_full_marks_for_the_solutions_none_for_cheats(tmp_pa
     why = {(r.label, n): w for r in results if r.student == "cheats" for n, w in r.reasons.items()}
     assert why[OFFICIAL.label(mc.docname(BOOK, located("head-to-model/no-positions")[0])),
                located("head-to-model/no-positions")[1]] == "`blind` still has position embeddings"
+
+
+def test_a_name_inside_a_string_counts_as_a_whole_word_only():
+    assert grade.used_words(['path = "/tmp/pytest/popen-gw0/one.ipynb"'], ["open"]) == []
+    assert grade.used_words(['f = getattr(builtins_, "open")'], ["open"]) == ["open"]
+    assert grade.used_words(['name = "sys.modules"'], ["modules"]) == ["modules"]

@@ -97,7 +97,7 @@ def test_the_books_solution_passes_on_other_seeds(tmp_path, monkeypatch):
     import nbformat
 
     book = nbformat.read(ROOT / "chapters" / "09_flash_kernel.ipynb", as_version=4)
-    (source,) = [c.source for c in book.cells if "def flash_forward_kernel(" in c.source]
+    (source,) = [c.source for c in book.cells if c.cell_type == "code" and "def flash_forward_kernel(" in c.source]
     # Triton reads a kernel's source from its file: the solution goes into a module of its own
     (tmp_path / "book_lab.py").write_text("import triton\nimport triton.language as tl\n\n\n" + source)
     monkeypatch.syspath_prepend(str(tmp_path))

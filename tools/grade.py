@@ -179,7 +179,9 @@ def used_words(sources: list[str], words: list[str]) -> list[str]:
                 found = word in bare
             else:
                 found = word in names or word in dotted or any(d.endswith("." + word) for d in dotted if "." in word)
-            in_strings = len(word) > 3 and word.isidentifier() and any(word in s for s in strings)
+            # a name inside a string counts as a whole word only: "/tmp/popen-gw0" does not name `open`
+            in_strings = len(word) > 3 and word.isidentifier() and any(
+                re.search(rf"(?<![A-Za-z0-9_]){re.escape(word)}(?![A-Za-z0-9_])", s) for s in strings)
             if found or in_strings:
                 used.add(word)
         if "@" in words and any(isinstance(n, ast.MatMult) for n in ast.walk(tree)):
