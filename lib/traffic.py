@@ -163,29 +163,31 @@ def count():
             raise ValueError("a Triton memory operation ran outside a kernel launch")
         return current["ranges"], current["launch"]
 
-    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    # the arguments after the pointers and the mask (cache and eviction policies) differ between Triton releases:
+    # they pass through untouched
+    def masked_load(self, ptrs, mask, *rest):
         ranges, launch = launch_ranges()
         ranges.charge(_active(ptrs, mask), _width(ptrs), launch.loaded)
-        return originals["load"](self, ptrs, mask, other, cache_policy, is_volatile)
+        return originals["load"](self, ptrs, mask, *rest)
 
-    def masked_store(self, ptrs, value, mask, cache_policy):
+    def masked_store(self, ptrs, value, mask, *rest):
         ranges, launch = launch_ranges()
         ranges.charge(_active(ptrs, mask), _width(ptrs), launch.stored)
-        return originals["store"](self, ptrs, value, mask, cache_policy)
+        return originals["store"](self, ptrs, value, mask, *rest)
 
-    def atomic_rmw(self, rmw_op, ptr, val, mask, sem, scope):
+    def atomic_rmw(self, rmw_op, ptr, val, mask, *rest):
         ranges, launch = launch_ranges()
         active = _active(ptr, mask)
         ranges.charge(active, _width(ptr), launch.loaded)
         ranges.charge(active, _width(ptr), launch.stored)
-        return originals["rmw"](self, rmw_op, ptr, val, mask, sem, scope)
+        return originals["rmw"](self, rmw_op, ptr, val, mask, *rest)
 
-    def atomic_cas(self, ptr, cmp, val, sem, scope):
+    def atomic_cas(self, ptr, *rest):
         ranges, launch = launch_ranges()
         active = _active(ptr, None)
         ranges.charge(active, _width(ptr), launch.loaded)
         ranges.charge(active, _width(ptr), launch.stored)
-        return originals["cas"](self, ptr, cmp, val, sem, scope)
+        return originals["cas"](self, ptr, *rest)
 
     def init_args(self, args_dev, kwargs):
         args_hst, kwargs_hst = originals["args"](self, args_dev, kwargs)
