@@ -487,8 +487,7 @@ def test_every_hidden_test_matches_one_graded_exercise():
             assert spec.label not in matched, f"{spec.label} matches {matched.get(spec.label)} and {doc}"
             matched[spec.label] = f"{doc} exercise {number}"
             assert set(spec.answers) >= set(spec.compare)
-    waiting = {"flash-kernel/step-flops", "head-to-model/cache-bytes"}  # statements still to change
-    assert set(matched) | waiting == {s.label for s in gs.SPECS}, "a hidden test matches no exercise"
+    assert set(matched) == {s.label for s in gs.SPECS}, "a hidden test matches no exercise"
     assert {"worked-example/without-scaling", "worked-example/longer-query", "worked-example/keys-from-weights",
             "worked-example/row-by-hand"} <= set(matched)
 
@@ -540,6 +539,13 @@ CH4_SNEAKY = {  # the library the exercise reproduces, called outright or throug
                 "source = np.loadtxt(COURSE + '/chapters/04_worked_example.ipynb', dtype=str, delimiter='\\x07')",
 }
 CH9_CORRECT = {
+    1: '''def step_flops(B, H, n, d, products):
+    per_head = 2 * n**2 * d  # 4 n² d halved by the causal mask
+    return int(B * H * per_head * (2 + products) // 2)
+
+
+total = {"atomic adds": step_flops(4, 16, 8192, 128, 5), "deterministic": step_flops(4, 16, 8192, 128, 7)}
+ms = {k: v / cost.H100_MEASURED_MATMUL_FLOPS * 1000 for k, v in total.items()}''',
     2: '''class RecomputedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal):
@@ -583,13 +589,17 @@ def causal_scores(q, k, block=16):
 }
 # the lab: a kernel written apart from the book's, with base-2 exponentials and K loaded untransposed
 CH9_CORRECT[4] = inspect.getsource(lab_kernels.another_way.fn).replace("def another_way(", "def flash_forward_kernel(")
-CH9_MISTAKES = {  # the D term dropped in the backward; the diagonal masked too; the lab's rescale forgotten
+CH9_MISTAKES = {  # the causal halving forgotten; the D term dropped in the backward; the diagonal masked too; the
+    # lab's rescale forgotten
+    1: ("official", "forward = B * H * 4 * n * n * d / 2", "forward = B * H * 4 * n * n * d"),
     2: ("official", "(do @ v.T - (do * o).sum(-1, keepdim=True))", "(do @ v.T)"),
     3: ("official", "cols[None, :] <= rows[:, None]", "cols[None, :] < rows[:, None]"),
     4: ("official", "acc = acc * alpha[:, None] + tl.dot", "acc = acc + tl.dot"),
 }
 CH9_CHEATS = {  # autograd through the library instead of a backward; an empty kernel behind a torch wrapper; the
-    # lab's kernel that does nothing
+    # lab's kernel that does nothing; exercise 1's numbers typed in
+    1: "def step_flops(B, H, n, d, products):\n    return 240518168576.0 * 4 * 16 * (1 + products / 2)\n\n\n"
+       "total = {'atomic adds': 3.37e14, 'deterministic': 4.33e14}\nms = {'atomic adds': 0.43, 'deterministic': 0.55}",
     4: inspect.getsource(lab_kernels.does_nothing.fn).replace("def does_nothing(", "def flash_forward_kernel("),
     2: '''class RecomputedAttention(torch.autograd.Function):
     @staticmethod
@@ -718,13 +728,13 @@ def test_chapter_9_triton_and_autograd_full_marks_for_correct_work_none_for_mist
     }
     results = grade_chapter(tmp_path, CH9, subs, grade.Limits(timeout=400, cell_timeout=200))
     scores = {name: {n: int(s) for n, s in r.scores.items()} for name, r in results.items()}
-    assert scores == {"official": {2: 1, 3: 1, 4: 1}, "correct": {2: 1, 3: 1, 4: 1},
-                      "mistakes": {2: 0, 3: 0, 4: 0}, "cheats": {2: 0, 3: 0, 4: 0}}, {
+    assert scores == {"official": {1: 1, 2: 1, 3: 1, 4: 1}, "correct": {1: 1, 2: 1, 3: 1, 4: 1},
+                      "mistakes": {1: 0, 2: 0, 3: 0, 4: 0}, "cheats": {1: 0, 2: 0, 3: 0, 4: 0}}, {
         name: r.reasons for name, r in results.items()}
     assert "read no Q" in results["cheats"].reasons[4]
     assert results["cheats"].reasons[3].startswith("`launched_h`: expected the (L, S) tile the kernel stores")
     assert results["cheats"].reasons[2].startswith("your answer uses")
-    assert results["official"].ungraded == [1]  # no hidden test until its statement names its inputs
+    assert results["official"].ungraded == []  # every exercise of the chapter has a hidden test
 
 
 def located(label):
