@@ -2,7 +2,7 @@
 in Triton's interpreter, by what it computes (against PyTorch's SDPA in float64) and by the bytes it moves
 (:mod:`lib.traffic`, against chapter 8's count for the course's own kernel).
 
-The kernel a learner writes has this signature, and :func:`launch` runs it (the learner writes only the body):
+The kernel a learner writes has this signature, and :func:`launch` runs it (the learner writes only the body)::
 
     kernel(Q, K, V, O, LSE, L, S, scale, sq_z, sq_l, sk_z, sk_s, sv_z, sv_s, so_z, so_l,
            E: constexpr, EV: constexpr, BLOCK_M: constexpr, BLOCK_N: constexpr,

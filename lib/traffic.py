@@ -1,5 +1,5 @@
 """What a Triton kernel moves: the bytes each launch loads from and stores to global memory, counted in Triton's
-interpreter on a CPU (chapter 8's IO count, run on the real kernel).
+interpreter on a CPU (chapter 8's IO count, run on the real kernel)::
 
     with traffic.count() as moved:
         flash.flash_attention(q, k, v)        # any code that launches Triton kernels
