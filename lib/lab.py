@@ -266,17 +266,24 @@ def grade(kernel, seed: int, steps=STEPS, constants=None) -> list[Step]:
 def time_against_sdpa(kernel, *, L=4096, E=64, Z=32, causal=False, dtype=torch.float16, block_m=64, block_n=64,
                       constants=None):
     """On a CUDA GPU: the median milliseconds of a lab kernel and of PyTorch's SDPA on the same (Z, L, E) inputs,
-    side by side in one run (Triton's do_bench: warm-up, then repeats). Returns (kernel ms, SDPA ms)."""
+    side by side in one run (lib.speed.gpu_milliseconds: Triton's do_bench, the median). Returns (kernel ms, SDPA
+    ms)."""
     if flash.INTERPRETED or not torch.cuda.is_available():
         raise ValueError("timing needs a CUDA GPU and Triton's compiler (TRITON_INTERPRET unset)")
-    import triton.testing
+    from lib.speed import gpu_milliseconds
 
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(Z, L, E, device="cuda", dtype=dtype, generator=g) for _ in range(3))
-    ours = triton.testing.do_bench(lambda: launch(kernel, q, k, v, causal=causal, block_m=block_m, block_n=block_n,
-                                                  constants=constants))
-    sdpa = triton.testing.do_bench(
-        lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)))
+
+    def ours_call():
+        return launch(kernel, q, k, v, causal=causal, block_m=block_m, block_n=block_n, constants=constants)
+
+    def sdpa_call():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+
+    ours_call(), sdpa_call()  # Triton compiles on its first call
+    ours, _ = gpu_milliseconds(ours_call, timer="bench")
+    sdpa, _ = gpu_milliseconds(sdpa_call, timer="bench")
     return ours, sdpa
 
 
