@@ -2,9 +2,9 @@
 interpreter on a CPU (chapter 8's IO count, run on the real kernel)::
 
     with traffic.count() as moved:
-        flash.flash_attention(q, k, v)        # any code that launches Triton kernels
-    moved.bytes("K")                          # bytes loaded from the argument named K, over every program
-    print(moved.table())                      # per kernel, per argument: loaded and stored
+        flash.flash_attention(q, k, v)  # any code that launches kernels
+    moved.bytes("K")        # bytes loaded from argument K, all programs
+    print(moved.table())    # per kernel and argument: loaded, stored
 
 Every ``tl.load``, ``tl.store`` and atomic, from a pointer block or a tensor descriptor, is counted lane by lane:
 a lane whose mask is False moves nothing and is not counted; a lane counts its element's size in bytes. Each byte is

@@ -259,7 +259,8 @@ def recall_accuracy(net, tests):
     return right
 
 
-def train_recall(kind, d=RECALL["d"], steps=RECALL["steps"]):
+def train_recall(kind, d=RECALL["d"],
+                 steps=RECALL["steps"]):
     """Train :func:`recall_model`: Adam at 1e-2, fresh batches of 64 contexts, the
     pair counts in turn. Every 250 steps, recall on 2,000 held-out contexts per count.
     Returns (model, curve): curve (checkpoints, pair counts), model in eval mode."""
