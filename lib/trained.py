@@ -268,7 +268,8 @@ def train_recall(kind, d=RECALL["d"],
     torch.manual_seed(0)
     net = recall_model(kind, d)
     optimiser = torch.optim.Adam(net.parameters(), lr=1e-2)
-    data, held_out, curve = torch.Generator().manual_seed(10), recall_test(98, size=2000), []
+    data, curve = torch.Generator().manual_seed(10), []
+    held_out = recall_test(98, size=2000)
     for step in range(steps):
         n_pairs = c["pair_counts"][step % len(c["pair_counts"])]
         keys, values, asked, answers = recall_batch(data, 64, n_pairs, c["n_keys"],
