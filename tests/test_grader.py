@@ -28,13 +28,21 @@ import grade
 import grading_specs as gs
 import lab_kernels
 import make_student as ms
+from grading_helpers import (
+    BOOK,
+    CHAPTERS,
+    OFFICIAL,
+    by_chapter,
+    grade_chapter,
+    located,
+    official_answers,
+    submission,
+    submit,
+    text,
+)
 
 mc = ms.mc
 
-
-
-def text(cell):
-    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
 
 
 def md(cid, source):
@@ -174,11 +182,6 @@ TINY_SPECS = [
             compare={"total": gs.Whole("the sum of 1 to top")}),
 ]
 FAST = grade.Limits(timeout=60, cell_timeout=3, memory_gb=2, grace=2)
-
-
-def submit(folder, student, nb, name="01_one.ipynb"):
-    (folder / student).mkdir(parents=True, exist_ok=True)
-    (folder / student / name).write_text(json.dumps(nb))
 
 
 def answered(nb, answers, drop=(), add=()):
@@ -405,10 +408,6 @@ def test_the_grader_command_refuses_bad_input(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------- every chapter
-
-BOOK = mc.Book(ROOT)
-CHAPTERS = BOOK.chapters
-
 
 def solution_lines(source):
     """The lines of an answer that a stub must not keep: all but blank lines, comments, imports and signatures."""
@@ -644,45 +643,6 @@ CH10_MISTAKES = {  # `repeat` for `repeat_interleave`; train()'s 4-tuple used as
 }
 
 
-def submission(path, answers, grading=None, course=ROOT):
-    """The student edition of a chapter with the given answers in place of its stubs, and its grading cells
-    edited (`grading["edit"]`: exercise -> source) or deleted (`grading["drop"]`: exercises)."""
-    edition, exercises = ms.edition(BOOK, path)
-    original = {c["id"]: text(c) for c in mc.read_notebook(path)["cells"]}
-    by_number = {e.number: e for e in exercises}
-    nb = json.loads(json.dumps(edition))
-    cells = {c["id"]: c for c in nb["cells"]}
-    for number, answer in answers.items():
-        cid = by_number[number].solutions[0]
-        if isinstance(answer, tuple):  # the official solution with one slip
-            assert answer[1] in original[cid], answer[1]
-            cells[cid]["source"] = original[cid].replace(answer[1], answer[2])
-        elif isinstance(answer, str):
-            prefix = f"COURSE = {str(course)!r}\n" if "COURSE" in answer else ""
-            cells[cid]["source"] = prefix + answer.replace("official", original[cid], 1)
-    for number, source in (grading or {}).get("edit", {}).items():
-        cells[by_number[number].check]["source"] = source
-    dropped = {by_number[n].check for n in (grading or {}).get("drop", ())}
-    nb["cells"] = [c for c in nb["cells"] if c["id"] not in dropped]
-    return nb
-
-
-def official_answers(path):
-    _, exercises = ms.edition(BOOK, path)
-    return {e.number: "official" for e in exercises if e.solutions}
-
-
-def grade_chapter(tmp_path, chapter, subs, limit):
-    path = ROOT / chapter
-    folder = tmp_path / "handed-in"
-    for student, (answers, grading) in subs.items():
-        submit(folder, student, submission(path, answers, grading), name=path.name)
-    with grade.concurrent.futures.ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(lambda p: grade.grade(p, folder, OFFICIAL, 11, limit), grade.submissions(folder)))
-    return {r.student: r for r in results}
-
-
-OFFICIAL = grade.Official(ROOT)
 CH4 = "chapters/04_worked_example.ipynb"
 
 
@@ -735,24 +695,6 @@ def test_chapter_9_triton_and_autograd_full_marks_for_correct_work_none_for_mist
     assert results["cheats"].reasons[3].startswith("`launched_h`: expected the (L, S) tile the kernel stores")
     assert results["cheats"].reasons[2].startswith("your answer uses")
     assert results["official"].ungraded == []  # every exercise of the chapter has a hidden test
-
-
-def located(label):
-    """The chapter and today's number of the exercise a hidden test grades."""
-    for doc, path in OFFICIAL.by_doc.items():
-        for number, spec in OFFICIAL.edition(doc)[2].items():
-            if spec.label == label:
-                return path, number
-    raise LookupError(label)
-
-
-def by_chapter(answers):
-    """Answers keyed by hidden-test label, regrouped as chapter path -> {exercise number: answer}."""
-    grouped = {}
-    for label, answer in answers.items():
-        path, number = located(label)
-        grouped.setdefault(path, {})[number] = answer
-    return grouped
 
 
 def test_chapter_10_training_full_marks_for_the_solutions_none_for_cheats(tmp_path):
