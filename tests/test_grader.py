@@ -637,6 +637,82 @@ CH10_CHEATS = {  # the whole sequence's SDPA sliced; the variable the check comp
         "def rope_kernel(X, OUT, THETA, offset, E, BLOCK: tl.constexpr):\n    pass\n\n\n"
         "def rope(x, offset=0):\n    return positions.apply_rope(x, offset=offset)",
 }
+CH10_CORRECT = {  # written from the statements: softmax by hand, a kernel over coordinates not pairs (and never
+    # launched by the answer itself, so the hidden test's draws are its first launches), a blind model measured by
+    # hand with its shares as a list, integer arithmetic for the token count
+    "head-to-model/gqa-decode": """keys_so_far = values_so_far = None
+outputs = []
+steps = [range(0, 3)] + [range(t, t + 1) for t in range(3, 7)]
+for step in steps:
+    k_new, v_new = k_ex[:, :, step.start : step.stop], v_ex[:, :, step.start : step.stop]
+    keys_so_far = k_new if keys_so_far is None else torch.cat((keys_so_far, k_new), -2)
+    values_so_far = v_new if values_so_far is None else torch.cat((values_so_far, v_new), -2)
+    kk = torch.repeat_interleave(keys_so_far, q_ex.shape[1] // keys_so_far.shape[1], dim=1)
+    vv = torch.repeat_interleave(values_so_far, q_ex.shape[1] // values_so_far.shape[1], dim=1)
+    s = q_ex[:, :, step.start : step.stop] @ kk.transpose(-1, -2) / q_ex.shape[-1] ** 0.5
+    allowed = torch.ones(len(step), step.stop, dtype=torch.bool).tril(step.stop - len(step))
+    outputs.append(torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1) @ vv)""",
+    "head-to-model/rope-offset": """def rope_decode(offset_of):
+    seen_k, seen_v, rows = [], [], []
+    B_, n_, _ = x.shape
+    with torch.no_grad():
+        for t in range(n_):
+            token = x[:, t : t + 1]
+            q_t, k_t, v_t = (modules.split_heads(token @ w, h) for w in (rotary.w_q, rotary.w_k, rotary.w_v))
+            seen_k.append(positions.apply_rope(k_t, offset=offset_of(t)))
+            seen_v.append(v_t)
+            q_t = positions.apply_rope(q_t, offset=offset_of(t))
+            keys_, values_ = torch.cat(seen_k, dim=2), torch.cat(seen_v, dim=2)
+            weights_ = torch.softmax(q_t @ keys_.transpose(2, 3) / q_t.shape[-1] ** 0.5, dim=-1)
+            rows.append(modules.merge_heads(weights_ @ values_) @ rotary.w_o)
+    return torch.cat(rows, dim=1)
+
+
+right_rope = rope_decode(lambda t: t)
+wrong_rope = rope_decode(lambda t: 0)""",
+    "head-to-model/rope-kernel": """import triton
+import triton.language as tl
+
+
+@triton.jit
+def rope_kernel(X, OUT, THETA, offset, E, BLOCK: tl.constexpr):
+    j = tl.arange(0, 2 * BLOCK)  # every coordinate; its partner is j ^ 1
+    row = tl.program_id(0)
+    ok = j < E
+    here = tl.load(X + row * E + j, mask=ok, other=0.0)
+    partner = tl.load(X + row * E + (j ^ 1), mask=ok, other=0.0)
+    turn = tl.load(THETA + j // 2, mask=ok, other=0.0) * (row + offset)
+    sign = (j % 2) * 2.0 - 1.0  # -1 for the first of a pair, +1 for the second
+    tl.store(OUT + row * E + j, here * tl.cos(turn) + sign * partner * tl.sin(turn), mask=ok)
+
+
+def rope(x, offset=0):
+    out = torch.zeros_like(x)
+    angles = torch.tensor(positions.rope_frequencies(x.shape[1]), dtype=torch.float32, device=x.device)
+    rope_kernel[(x.shape[0],)](x, out, angles, offset, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1] // 2))
+    return out""",
+    "head-to-model/no-positions": """blind = train(positions=False)[0]
+with torch.no_grad():
+    logits_m, _, maps_m = blind(held_out)
+blind_acc = float((logits_m.argmax(-1) == mirror).double().mean())
+mean_map = maps_m.mean(0)
+blind_share = [float(sum(mean_map[head, i, n_seq - 1 - i] for i in range(n_seq)) / n_seq) for head in range(H_m)]""",
+    "head-to-model/cache-bytes": """def kv_cache_bytes_by_hand(layers, heads, head_dim, tokens, bytes_per_number):
+    per_layer = heads * head_dim * tokens * bytes_per_number  # keys alone
+    return 2 * per_layer * layers
+
+
+def tokens_to_outweigh(parameters, layers, heads, head_dim, bytes_per_number):
+    weights = parameters * bytes_per_number
+    per_token = kv_cache_bytes_by_hand(layers, heads, head_dim, 1, bytes_per_number)
+    return int(weights // per_token) + 1
+
+
+predicted = kv_cache_bytes_by_hand(12, 12, 64, 1024, 4)
+one_layer = decoding.KVCache(1024)
+one_layer.append(torch.zeros(1, 12, 1024, 64), torch.zeros(1, 12, 1024, 64))
+after = tokens_to_outweigh(124e6, 12, 12, 64, 2)""",
+}
 CH10_MISTAKES = {  # `repeat` for `repeat_interleave`; train()'s 4-tuple used as the model
     "head-to-model/gqa-decode": ("official", "repeat_interleave(3, dim=1)", "repeat(1, 3, 1, 1)"),
     "head-to-model/no-positions": "blind = train(positions=False)\nblind_acc = 0.2\nblind_share = torch.zeros(H_m)",
@@ -697,11 +773,13 @@ def test_chapter_9_triton_and_autograd_full_marks_for_correct_work_none_for_mist
     assert results["official"].ungraded == []  # every exercise of the chapter has a hidden test
 
 
-def test_chapter_10_training_full_marks_for_the_solutions_none_for_cheats(tmp_path):
+def test_chapters_10_and_11_training_full_marks_for_correct_work_none_for_cheats(tmp_path):
     folder = tmp_path / "handed-in"
     cheats = by_chapter(CH10_CHEATS)
+    correct = by_chapter(CH10_CORRECT)
     for path, answers in cheats.items():
         submit(folder, "official", submission(path, official_answers(path)), name=path.name)
+        submit(folder, "correct", submission(path, {**official_answers(path), **correct[path]}), name=path.name)
         submit(folder, "cheats", submission(path, {**official_answers(path), **answers}), name=path.name)
     limit = grade.Limits(timeout=500, cell_timeout=250)
     with grade.concurrent.futures.ThreadPoolExecutor(2) as pool:
@@ -710,7 +788,7 @@ def test_chapter_10_training_full_marks_for_the_solutions_none_for_cheats(tmp_pa
     touched = {(OFFICIAL.label(mc.docname(BOOK, path)), n) for path, answers in cheats.items() for n in answers}
     assert touched <= {(label, n) for _, label, n in scores}, "a cheat's exercise has no hidden test"
     assert {key: s for key, s in scores.items()} == {
-        (student, label, n): int(student == "official" or (label, n) not in touched) for student, label, n in scores
+        (student, label, n): int(student != "cheats" or (label, n) not in touched) for student, label, n in scores
     }, {(r.student, r.label): r.reasons for r in results}
     why = {(r.label, n): w for r in results if r.student == "cheats" for n, w in r.reasons.items()}
     assert why[OFFICIAL.label(mc.docname(BOOK, located("head-to-model/no-positions")[0])),

@@ -180,8 +180,14 @@ def hidden(number, exercise, namespace):
         finally:
             for module, attr, original in undo:
                 setattr(module, attr, original)
+            added = {name: value for name, value in namespace.items() if name not in before}
             namespace.clear()
             namespace.update(before)
+            # Triton's interpreter copies its own globals into a kernel's globals (this namespace) the first time it
+            # runs the kernel, and the kernel it caches reads them there on every later launch: they stay
+            interpreter = sys.modules.get("triton.runtime.interpreter")
+            namespace.update({name: value for name, value in added.items()
+                              if interpreter is not None and getattr(interpreter, name, None) is value})
     send(hidden=number, answers=sent)
 
 
