@@ -78,15 +78,22 @@ def _softmax(s):
 
 def _attend_as(kind):
     def attend(Q, K, V):
+        like = Q
         Q, K, V = (_np.asarray(x, dtype=_np.float64) for x in (Q, K, V))
         scale = _math.sqrt(Q.shape[-1])
         if kind == 0:  # attention, as matrices
-            return _softmax(Q @ K.T / scale) @ V
-        if kind == 1:  # attention, one query at a time
-            return _np.stack([_softmax(K @ q / scale) @ V for q in Q])
-        if kind == 2:  # the colleague's bug
-            return _softmax(K @ Q.T / scale) @ V
-        return _softmax((Q @ K.T).T / scale) @ V  # the same bug, written another way
+            out = _softmax(Q @ K.T / scale) @ V
+        elif kind == 1:  # attention, one query at a time
+            out = _np.stack([_softmax(K @ q / scale) @ V for q in Q])
+        elif kind == 2:  # the colleague's bug
+            out = _softmax(K @ Q.T / scale) @ V
+        else:  # the same bug, written another way
+            out = _softmax((Q @ K.T).T / scale) @ V
+        if type(like).__module__.startswith("torch"):  # handed tensors, return one
+            import torch as _torch
+
+            return _torch.as_tensor(out, dtype=like.dtype)
+        return out.astype(like.dtype) if isinstance(like, _np.ndarray) else out
     return attend
 
 
