@@ -148,7 +148,8 @@ SPECS = [
         compare={"plain_h": Close(1e-4, 1e-5, "sdpa_forward(module, x): the module's (B, n, d_model) output, "
                                               "with only the flash kernel allowed"),
                  "causal_h": Close(1e-4, 1e-5, "sdpa_forward(module, x, causal=True), likewise"),
-                 "sdpa_calls_h": Holds(_through_sdpa, "that it calls scaled_dot_product_attention")},
+                 "sdpa_calls_h": Holds(_through_sdpa, "that it calls scaled_dot_product_attention (the module's "
+                                                      "own forward raises while the test runs)")},
         poison=("lib.attention.attention", "lib.attention.attention_weights"),
     ),
     Spec(
@@ -159,7 +160,8 @@ SPECS = [
                  "out_proj_h": Close(0, 1e-7, "its out_proj weight, the identity"),
                  "is_mha_h": Holds(lambda a, i: None if a.get("is_mha_h") is True
                                    else "identity_out_proj does not return an nn.MultiheadAttention",
-                                   "an nn.MultiheadAttention")},
+                                   "an nn.MultiheadAttention built by hand (to_multihead_attention raises while "
+                                   "the test runs)")},
         poison=("lib.nn.to_multihead_attention",),
     ),
     Spec(
