@@ -117,7 +117,7 @@ SPECS = [
         make=_tiles_make, expect=_tiles_expect, rerun=False, harness=HARNESS_3, also=("best_h",),
         compare={"smem_h": Close(1e-6, 1e-12, "tile_ledger's smem_ps, picoseconds per tile"),
                  "l2_h": Close(1e-6, 1e-12, "tile_ledger's l2_tbs, TB/s per tile"),
-                 "not_above_h": Holds(_picked, "not_above and best, read from the ledgers (a tie may fall "
-                                               "either way)")},
+                 "not_above_h": Holds(_picked, "tile_ledger's not_above and best, read from the ledgers (a "
+                                               "tile whose two bars tie may fall either way)")},
     ),
 ]
