@@ -134,7 +134,7 @@ SPECS = [
         poison=("torch.nn.functional.scaled_dot_product_attention", "lib.attention.attention"),
     ),
     Spec(
-        label="one-merge/merge-kernel", title="Write the merge of two states as a Triton kernel",
+        label="one-merge/merge-kernel", title="Write the merge of two states as a Triton kernel", draws=2,
         make=_merge_make, expect=_merge_expect, harness=HARNESS_MERGE, rerun=False,
         torch_inputs=("oa_h", "la_h", "ob_h", "lb_h"),
         compare={"wrapped_o_h": Close(1e-5, 1e-6, "merge_two(...)[0]: the merged (rows, Ev) outputs"),
