@@ -3,13 +3,7 @@ solutions and answers written another way (other loops, NumPy, a list, float32, 
 typical mistakes, numbers typed in, a variable the notebook holds, the library called instead of the recomputation
 written, and an empty kernel behind a PyTorch wrapper score 0."""
 
-import pathlib
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import grade
-from grading_helpers import grade_chapter, official_answers, scores_of
+from grading_helpers import ROOT, grade, grade_chapter, official_answers, scores_of
 
 CH12 = "chapters/12_one_merge.ipynb"
 
