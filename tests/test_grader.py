@@ -288,6 +288,8 @@ def test_the_sandbox_keeps_the_course_the_submissions_and_the_network_out(book, 
         "spawns": "import shutil\n\nshutil.which('ls')\nimport os\n\nos.posix_spawn('/bin/ls', ['ls'], {})\n"
                   "total = sum(range(1, top + 1))",
         "evals": "total = eval('sum(range(1, top + 1))')",
+        # what multiprocessing calls to start a process (chapter 12's ring.launch), without an audit event
+        "launches": "import _posixsubprocess\n\n_posixsubprocess.fork_exec()\ntotal = sum(range(1, top + 1))",
         "plans": "import __main__\n\ntotal = __main__.PLAN and sum(range(1, top + 1))",  # the runner's own plan
     }
     for name, answer in tries.items():
@@ -300,6 +302,7 @@ def test_the_sandbox_keeps_the_course_the_submissions_and_the_network_out(book, 
     assert why["opens"].startswith("your answer uses `open`") and why["evals"].startswith("your answer uses `eval`")
     assert why["calls"].startswith("PermissionError: a graded notebook may not use socket")
     assert why["spawns"].startswith("PermissionError: a graded notebook may not use os.posix_spawn")
+    assert why["launches"].startswith("PermissionError: a graded notebook may not start processes")
     assert why["plans"] == "your answer uses `__main__`, which this exercise does not allow (it asks you to write " \
                            "that part yourself)"
     nb = answered(notebook(CELLS), {"cell-007": tries["plans"]})

@@ -8,8 +8,8 @@ sends the answers found there back as plain data (JSON), never as objects: the g
 process. Nothing in this process decides a score.
 
 Before any cell runs, an audit hook refuses to open the paths named in the plan (the course checkout, the submissions),
-to start processes and to open network sockets; the grader adds the rlimits and, where
-the system allows, a network namespace of its own.
+to start processes (also those multiprocessing starts, which raise no audit event) and to open network sockets;
+the grader adds the rlimits and, where the system allows, a network namespace of its own.
 """
 
 import json
@@ -209,6 +209,12 @@ def main():
     DENY = tuple(os.path.realpath(p) + os.sep for p in PLAN["deny"])
     ALLOW = tuple(os.path.realpath(p) + os.sep for p in PLAN["allow"])
     sys.addaudithook(audit)
+    import _posixsubprocess  # multiprocessing starts its processes through this, and raises no audit event
+
+    def no_processes(*args, **kwargs):
+        raise PermissionError("a graded notebook may not start processes")
+
+    _posixsubprocess.fork_exec = no_processes
     signal.signal(signal.SIGALRM, on_alarm)
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     exercises = {int(k): v for k, v in PLAN["exercises"].items()}
