@@ -480,16 +480,18 @@ def test_the_instructors_page_times_every_chapter_and_says_which_ask_for_a_gpu()
 
 
 
-def test_every_hidden_test_matches_one_graded_exercise():
-    matched = {}
+def test_every_graded_exercise_has_one_hidden_test_and_every_hidden_test_one_exercise():
+    matched, untested = {}, []
     for path in CHAPTERS:
         doc = mc.docname(BOOK, path)
-        _, _, specs = OFFICIAL.edition(doc)
+        _, exercises, specs = OFFICIAL.edition(doc)
+        untested += [f"{OFFICIAL.label(doc)}.{e.number}" for e in exercises if e.graded and e.number not in specs]
         for number, spec in specs.items():
             assert spec.label not in matched, f"{spec.label} matches {matched.get(spec.label)} and {doc}"
             matched[spec.label] = f"{doc} exercise {number}"
             assert set(spec.answers) >= set(spec.compare)
     assert set(matched) == {s.label for s in gs.SPECS}, "a hidden test matches no exercise"
+    assert untested == [], "graded exercises without a hidden test"
     assert {"worked-example/without-scaling", "worked-example/longer-query", "worked-example/keys-from-weights",
             "worked-example/row-by-hand"} <= set(matched)
 
@@ -623,7 +625,7 @@ def causal_tile_kernel(Q, K, OUT, L, S, scale, E: tl.constexpr, BLOCK: tl.conste
 
 
 def causal_scores(q, k, block=16):
-    s = q @ k.T / math.sqrt(q.shape[1])
+    s = (q[:, None, :] * k[None, :, :]).sum(-1) / math.sqrt(q.shape[1])  # no matmul: torch does the work
     return s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))''',
 }
 # chapter 10's exercises, by their hidden tests' labels (chapter 10 is being split: the labels find them wherever)
@@ -802,3 +804,25 @@ def test_a_name_inside_a_string_counts_as_a_whole_word_only():
     assert grade.used_words(['path = "/tmp/pytest/popen-gw0/one.ipynb"'], ["open"]) == []
     assert grade.used_words(['f = getattr(builtins_, "open")'], ["open"]) == ["open"]
     assert grade.used_words(['name = "sys.modules"'], ["modules"]) == ["modules"]
+
+
+def test_a_forbidden_tensor_method_raises_while_the_hidden_test_runs_and_comes_back_after():
+    import sandbox_runner
+    import torch
+
+    from lib import attention as attn
+
+    namespace = {"softmax_": attn.softmax}
+    undo = sandbox_runner.poison(namespace, ["torch.Tensor.matmul", "torch.Tensor.__matmul__",
+                                             "lib.attention.softmax", "lib.attention.no_such_function"])
+    try:
+        assert len(undo) == 3  # a name that does not exist is passed over
+        for call in (lambda: torch.ones(2) @ torch.ones(2), lambda: torch.ones(2).matmul(torch.ones(2)),
+                     lambda: attn.softmax(np.zeros(3)), lambda: namespace["softmax_"](np.zeros(3))):
+            with pytest.raises(PermissionError, match="asks you to write"):
+                call()
+    finally:
+        for owner, attr, original in undo:
+            setattr(owner, attr, original)
+    assert float(torch.ones(2) @ torch.ones(2)) == 2.0 and float(torch.ones(2).matmul(torch.ones(2))) == 2.0
+    assert attn.softmax(np.zeros(2)).tolist() == [0.5, 0.5]

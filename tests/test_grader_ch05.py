@@ -72,11 +72,14 @@ def test_chapter_5_full_marks_for_correct_work_none_for_mistakes_or_cheats(tmp_p
         "correct": (CORRECT, None),
         "mistakes": (MISTAKES, None),
         "cheats": (CHEATS, None),
+        # exercise 1 wrong, exercise 2 right on top of it: exercise 2 is graded on its own
+        "partial": ({1: MISTAKES[1], 2: "official"}, None),
     }
     results = grade_chapter(tmp_path, CH5, subs, grade.Limits(timeout=300, cell_timeout=120))
     scores = {name: {n: int(s) for n, s in r.scores.items()} for name, r in results.items()}
     assert scores == {"official": {1: 1, 2: 1, 3: 1}, "correct": {1: 1, 2: 1, 3: 1},
-                      "mistakes": {1: 0, 2: 0, 3: 0}, "cheats": {1: 0, 2: 0, 3: 0}}, {
+                      "mistakes": {1: 0, 2: 0, 3: 0}, "cheats": {1: 0, 2: 0, 3: 0},
+                      "partial": {1: 0, 2: 1, 3: 0}}, {
         name: r.reasons for name, r in results.items()}
     assert results["official"].ungraded == []  # every exercise of the chapter has a hidden test
     assert results["cheats"].reasons[1].startswith("your answer uses `causal_mask`"), results["cheats"].reasons[1]

@@ -129,14 +129,24 @@ def poison(namespace, dotted_names):
     """Replace each library function an exercise may not call, in its module and wherever the namespace holds it."""
     import importlib
 
+    def owner_of(dotted):  # "torch.Tensor.matmul": the class torch.Tensor and "matmul"
+        parts = dotted.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            try:
+                owner = importlib.import_module(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            for part in parts[cut:-1]:
+                owner = getattr(owner, part, None)
+            return (owner, parts[-1]) if owner is not None and hasattr(owner, parts[-1]) else (None, None)
+        return None, None
+
     undo = []
     for dotted in dotted_names:
-        module_name, _, attr = dotted.rpartition(".")
-        try:
-            module = importlib.import_module(module_name)
-            original = getattr(module, attr)
-        except (ImportError, AttributeError):
+        module, attr = owner_of(dotted)
+        if module is None:
             continue
+        original = getattr(module, attr)
 
         def refused(*args, _name=dotted, **kwargs):
             raise PermissionError(f"this exercise asks you to write what {_name} does, not to call it")

@@ -56,8 +56,27 @@ def _ex2_expect(inputs, params):
     return {"last_h": _attend(q[-L:], k, v, _bottom_right(L, n)), "prefill_h": _attend(q, k, v, _bottom_right(n, n))}
 
 
+# Exercise 2 is graded on its own: while it runs, the answer's mask builder from exercise 1 is replaced by a correct
+# one (returning the same kind of array as the answer's own, a torch tensor or a NumPy array), so a slip in exercise 1
+# costs exercise 1 only.
 HARNESS_2 = """\
+import numpy as _np
 import torch as _torch
+_theirs = causal_bottom_right
+
+
+def causal_bottom_right(L, S, window=None):
+    _i, _j = _np.arange(L)[:, None], _np.arange(S)[None, :]
+    _mask = _j <= _i + (S - L)
+    if window is not None:
+        _mask &= _j > _i + (S - L) - window
+    try:
+        _kind = _theirs(1, 1)
+    except Exception:
+        _kind = None
+    return _torch.from_numpy(_mask) if isinstance(_kind, _torch.Tensor) else _mask
+
+
 last_h = prefill_chunk(q_h[-L_h:], k_h, v_h)
 prefill_h = _torch.cat([prefill_chunk(q_h[_s : _s + chunk_h], k_h[: _s + chunk_h], v_h[: _s + chunk_h])
                         for _s in range(0, q_h.shape[0], chunk_h)])
