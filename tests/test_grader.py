@@ -5,10 +5,11 @@ graded: each rule of the edition, then the grader's hidden tests, its sandbox an
 untouched, wrong, hard-coded, patched, endless, memory-hungry, self-killing, file-reading and networking notebooks,
 and its reports (score CSV, feedback, gradebook). Then on every chapter without running it: each solution is
 stubbed, each grading cell kept, no solution text left, student/ and the instructors' table current, every hidden
-test matched to its exercise. Last, the proof on three kinds of real chapter, run whole in the sandbox: chapter 4
-(NumPy), chapter 9 (a Triton kernel in the interpreter, an autograd function) and chapter 11 (training a model, a
-Triton kernel): the official solutions and independently written correct ones get full marks, typical mistakes
-and every cheat score 0 on what they touch and nothing else.
+test matched to its exercise and every graded exercise to a hidden test. Last, the proof on three kinds of real
+chapter, run whole in the sandbox: chapter 4 (NumPy), chapter 9 (a Triton kernel in the interpreter, an autograd
+function) and chapters 10 and 11 (a Triton kernel, training a model): the official solutions and independently
+written correct ones get full marks, typical mistakes and every cheat score 0 on what they touch and nothing else.
+The other chapters' proofs are tests/test_grader_chNN.py.
 """
 
 import ast
@@ -630,7 +631,7 @@ def causal_scores(q, k, block=16):
 }
 # chapter 10's exercises, by their hidden tests' labels (chapter 10 is being split: the labels find them wherever)
 CH10_CHEATS = {  # the whole sequence's SDPA sliced; the variable the check compares with; the chapter's model (with
-    # positions); an empty kernel behind the library's RoPE
+    # positions); an empty kernel behind the library's RoPE; the printed byte and token counts typed in
     "head-to-model/gqa-decode":
         "full = F.scaled_dot_product_attention(q_ex, k_ex, v_ex, is_causal=True, enable_gqa=True)\n"
         "outputs = [full[..., :3, :]] + [full[..., t : t + 1, :] for t in range(3, 7)]\n"
@@ -641,6 +642,8 @@ CH10_CHEATS = {  # the whole sequence's SDPA sliced; the variable the check comp
         "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
         "def rope_kernel(X, OUT, THETA, offset, E, BLOCK: tl.constexpr):\n    pass\n\n\n"
         "def rope(x, offset=0):\n    return positions.apply_rope(x, offset=offset)",
+    "head-to-model/cache-bytes": "official\n\n\ndef kv_cache_bytes_by_hand(*numbers):\n    return 75497472\n\n\n"
+                                 "def tokens_to_outweigh(*numbers):\n    return 6728",
 }
 CH10_CORRECT = {  # written from the statements: softmax by hand, a kernel over coordinates not pairs (and never
     # launched by the answer itself, so the hidden test's draws are its first launches), a blind model measured by
