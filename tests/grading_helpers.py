@@ -92,18 +92,22 @@ def by_chapter(answers):
     return grouped
 
 
-def proven_both_ways(tmp_path, chapter, correct, wrong, reasons, limit):
-    """Grade a chapter's official solutions, answers written independently of them (`correct`) and wrong answers
-    (`wrong`: student -> answers); assert full marks for the first two on every graded exercise, none for the
-    wrong ones, a hidden test for every graded exercise, and that each reason in `reasons` ((student, exercise) ->
-    its first words) begins as it says. Return the results (student -> Result)."""
+def proven_both_ways(tmp_path, chapter, correct, wrong, reasons, limit, partial=None):
+    """Grade a chapter's official solutions, answers written independently of them (`correct`), wrong answers
+    (`wrong`: student -> answers) and partly right ones (`partial`: student -> (answers, {exercise: points}));
+    assert full marks for the first two on every graded exercise, none for the wrong ones, the given points for the
+    partial ones, a hidden test for every graded exercise, and that each reason in `reasons` ((student, exercise) ->
+    words) holds its words. Return the results (student -> Result)."""
+    partial = partial or {}
     subs = {"official": (official_answers(ROOT / chapter), None), "correct": (correct, None),
-            **{student: (answers, None) for student, answers in wrong.items()}}
+            **{student: (answers, None) for student, answers in wrong.items()},
+            **{student: (answers, None) for student, (answers, _) in partial.items()}}
     results = grade_chapter(tmp_path, chapter, subs, limit)
     graded = sorted(results["official"].scores)
     want = {student: {n: int(student in ("official", "correct")) for n in graded} for student in subs}
+    want.update({student: {n: points.get(n, 0) for n in graded} for student, (_, points) in partial.items()})
     assert scores_of(results) == want, {name: r.reasons for name, r in results.items()}
     assert graded and results["official"].ungraded == []  # every graded exercise has a hidden test
-    for (student, number), start in reasons.items():
-        assert results[student].reasons[number].startswith(start), results[student].reasons[number]
+    for (student, number), words in reasons.items():
+        assert words in results[student].reasons[number], results[student].reasons[number]
     return results

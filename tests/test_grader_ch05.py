@@ -5,7 +5,7 @@ written and variables the notebook holds score 0."""
 
 import sys
 
-from grading_helpers import ROOT, grade_chapter, official_answers
+from grading_helpers import ROOT, proven_both_ways
 
 sys.path.insert(0, str(ROOT / "tools"))
 import grade
@@ -67,21 +67,8 @@ CHEATS = {  # the library's mask called; the chapter's bottom-right outputs and 
 
 
 def test_chapter_5_full_marks_for_correct_work_none_for_mistakes_or_cheats(tmp_path):
-    subs = {
-        "official": (official_answers(ROOT / CH5), None),
-        "correct": (CORRECT, None),
-        "mistakes": (MISTAKES, None),
-        "cheats": (CHEATS, None),
-        # exercise 1 wrong, exercise 2 right on top of it: exercise 2 is graded on its own
-        "partial": ({1: MISTAKES[1], 2: "official"}, None),
-    }
-    results = grade_chapter(tmp_path, CH5, subs, grade.Limits(timeout=300, cell_timeout=120))
-    scores = {name: {n: int(s) for n, s in r.scores.items()} for name, r in results.items()}
-    assert scores == {"official": {1: 1, 2: 1, 3: 1}, "correct": {1: 1, 2: 1, 3: 1},
-                      "mistakes": {1: 0, 2: 0, 3: 0}, "cheats": {1: 0, 2: 0, 3: 0},
-                      "partial": {1: 0, 2: 1, 3: 0}}, {
-        name: r.reasons for name, r in results.items()}
-    assert results["official"].ungraded == []  # every exercise of the chapter has a hidden test
-    assert results["cheats"].reasons[1].startswith("your answer uses `causal_mask`"), results["cheats"].reasons[1]
-    assert results["mistakes"].reasons[2].startswith("`last_h`: expected prefill_chunk"), results["mistakes"].reasons
-    assert results["cheats"].reasons[3].startswith("`finite_h`: expected"), results["cheats"].reasons[3]
+    proven_both_ways(tmp_path, CH5, CORRECT, {"mistakes": MISTAKES, "cheats": CHEATS}, {
+        ("cheats", 1): "your answer uses `causal_mask`",
+        ("mistakes", 2): "`last_h`: expected prefill_chunk",
+        ("cheats", 3): "`finite_h`: expected",
+    }, grade.Limits(timeout=300, cell_timeout=120), partial={"partial": ({1: MISTAKES[1], 2: "official"}, {2: 1})})

@@ -2,7 +2,7 @@
 solutions and answers written another way get full marks; the library called instead of SDPA, a variable the
 notebook holds, numbers typed in and typical slips score 0 on the exercise they touch."""
 
-from grading_helpers import ROOT, grade, grade_chapter, official_answers
+from grading_helpers import grade, proven_both_ways
 
 CH6 = "chapters/06_attention_module.ipynb"
 
@@ -53,19 +53,8 @@ MISTAKES = {  # three-dimensional inputs; the weights not transposed; one head's
 
 
 def test_chapter_6_modules_full_marks_for_correct_work_none_for_mistakes_or_cheats(tmp_path):
-    subs = {
-        "official": (official_answers(ROOT / CH6), None),
-        "correct": (CORRECT, None),
-        "cheats": (CHEATS, None),
-        "mistakes": (MISTAKES, None),
-    }
-    results = grade_chapter(tmp_path, CH6, subs, grade.Limits(timeout=300, cell_timeout=120))
-    scores = {name: {n: int(s) for n, s in r.scores.items()} for name, r in results.items()}
-    assert scores == {"official": {1: 1, 2: 1, 3: 1, 4: 1}, "correct": {1: 1, 2: 1, 3: 1, 4: 1},
-                      "cheats": {1: 0, 2: 0, 3: 0, 4: 0}, "mistakes": {1: 0, 2: 0, 3: 0, 4: 0}}, {
-        name: r.reasons for name, r in results.items()}
-    why = results["cheats"].reasons
-    assert why[1].startswith("PermissionError: this exercise asks you to write what lib.attention.attention does")
-    assert why[3].startswith("`params_h`: not layer_parameters(d_model, heads)")
-    assert "No available kernel" in results["mistakes"].reasons[1]
-    assert results["official"].ungraded == []  # every exercise of the chapter has a hidden test
+    proven_both_ways(tmp_path, CH6, CORRECT, {"cheats": CHEATS, "mistakes": MISTAKES}, {
+        ("cheats", 1): "PermissionError: this exercise asks you to write what lib.attention.attention does",
+        ("cheats", 3): "`params_h`: not layer_parameters(d_model, heads)",
+        ("mistakes", 1): "No available kernel",
+    }, grade.Limits(timeout=300, cell_timeout=120))

@@ -6,7 +6,13 @@ keep the test's time: the chapter's own measurements run in every sandbox)."""
 import math
 
 import numpy as np
-from grading_helpers import ROOT, grade, grade_chapter, mc, official_answers, text
+from grading_helpers import (
+    ROOT,
+    grade,
+    mc,
+    proven_both_ways,
+    text,
+)
 
 CH7 = "chapters/07_complexity_and_tiling.ipynb"
 
@@ -74,21 +80,11 @@ WRONG = {  # the printed numbers typed in; the first block counted as a rescale;
 
 
 def test_chapter_7_tiling_full_marks_for_correct_work_none_for_mistakes_or_cheats(tmp_path):
-    subs = {
-        "official": (official_answers(ROOT / CH7), None),
-        "correct": (CORRECT, None),
-        "wrong": (WRONG, None),
-    }
-    results = grade_chapter(tmp_path, CH7, subs, grade.Limits(timeout=300, cell_timeout=120))
-    scores = {name: {n: int(s) for n, s in r.scores.items()} for name, r in results.items()}
-    assert scores == {"official": {1: 1, 2: 1, 3: 1, 4: 1}, "correct": {1: 1, 2: 1, 3: 1, 4: 1},
-                      "wrong": {1: 0, 2: 0, 3: 0, 4: 0}}, {
-        name: r.reasons for name, r in results.items()}
-    why = results["wrong"].reasons
-    assert why[1].startswith("`gib_h`: expected score_gib(heads, n, bytes_per_number)")
-    assert why[2].startswith("`rescales_h`: not its number of rescales")
-    assert why[4].startswith("your answer uses `attention`")
-    assert results["official"].ungraded == []  # every exercise of the chapter has a hidden test
+    proven_both_ways(tmp_path, CH7, CORRECT, {"wrong": WRONG}, {
+        ("wrong", 1): "`gib_h`: expected score_gib(heads, n, bytes_per_number)",
+        ("wrong", 2): "`rescales_h`: not its number of rescales",
+        ("wrong", 4): "your answer uses `attention`",
+    }, grade.Limits(timeout=300, cell_timeout=120))
 
 
 def test_chapter_7_hidden_inputs_catch_a_loop_that_skips_the_last_querys_own_key_block():

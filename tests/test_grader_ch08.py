@@ -3,7 +3,10 @@ solutions and answers written apart from them score every exercise, typical mist
 
 import sys
 
-from grading_helpers import ROOT, grade_chapter, official_answers, scores_of
+from grading_helpers import (
+    ROOT,
+    proven_both_ways,
+)
 
 sys.path.insert(0, str(ROOT / "tools"))
 import grade
@@ -72,14 +75,8 @@ smem_ps, l2_tbs, not_above, best = tile_ledger(h100_rates, 128, 8192, [], 603)''
 
 
 def test_chapter_8_full_marks_for_correct_work_none_for_mistakes_or_cheats(tmp_path):
-    subs = {"official": (official_answers(ROOT / CH8), None), "correct": (CORRECT, None),
-            "mistakes": (MISTAKES, None), "cheats": (CHEATS, None)}
-    results = grade_chapter(tmp_path, CH8, subs, grade.Limits(timeout=300, cell_timeout=120))
-    assert scores_of(results) == {"official": {1: 1, 2: 1, 3: 1}, "correct": {1: 1, 2: 1, 3: 1},
-                                  "mistakes": {1: 0, 2: 0, 3: 0}, "cheats": {1: 0, 2: 0, 3: 0}}, {
-        name: r.reasons for name, r in results.items()}
-    why = results["cheats"].reasons
-    assert why[1].startswith("`standard_h`: expected traffic_mb's standard MB")
-    assert "asks you to write what lib.attention.attention does" in why[2]
-    assert results["mistakes"].reasons[2].startswith("`counts_h`: expected the numbers each run of sweep moved")
-    assert results["official"].ungraded == []  # every graded exercise of the chapter has a hidden test
+    proven_both_ways(tmp_path, CH8, CORRECT, {"mistakes": MISTAKES, "cheats": CHEATS}, {
+        ("cheats", 1): "`standard_h`: expected traffic_mb's standard MB",
+        ("cheats", 2): "asks you to write what lib.attention.attention does",
+        ("mistakes", 2): "`counts_h`: expected the numbers each run of sweep moved",
+    }, grade.Limits(timeout=300, cell_timeout=120))

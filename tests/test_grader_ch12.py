@@ -3,7 +3,7 @@ solutions and answers written another way (other loops, NumPy, a list, float32, 
 typical mistakes, numbers typed in, a variable the notebook holds, the library called instead of the recomputation
 written, and an empty kernel behind a PyTorch wrapper score 0."""
 
-from grading_helpers import ROOT, grade, grade_chapter, official_answers, scores_of
+from grading_helpers import grade, proven_both_ways
 
 CH12 = "chapters/12_one_merge.ipynb"
 
@@ -127,16 +127,10 @@ def merge_two(o_a, lse_a, o_b, lse_b):
 
 
 def test_chapter_12_full_marks_for_correct_work_none_for_mistakes_or_cheats(tmp_path):
-    subs = {"official": (official_answers(ROOT / CH12), None), "correct": (CORRECT, None),
-            "mistakes": (MISTAKES, None), "cheats": (CHEATS, None)}
-    results = grade_chapter(tmp_path, CH12, subs, grade.Limits(timeout=300, cell_timeout=120))
-    assert scores_of(results) == {"official": {1: 1, 2: 1, 3: 1, 4: 1}, "correct": {1: 1, 2: 1, 3: 1, 4: 1},
-                                  "mistakes": {1: 0, 2: 0, 3: 0, 4: 0}, "cheats": {1: 0, 2: 0, 3: 0, 4: 0}}, {
-        name: r.reasons for name, r in results.items()}
-    assert results["official"].ungraded == []  # every exercise of the chapter has a hidden test
-    why = results["cheats"].reasons
-    assert why[1].startswith("`counts_h`: expected striped_counts(N, P, tile)")
-    assert why[2].startswith("`splits_h`: not the slices split_plan(batch, kv_heads, keys, sms) picks")
-    assert "write what torch.nn.functional.scaled_dot_product_attention does" in why[3]
-    assert why[4].startswith("`launched_o_h`: expected the outputs merge_kernel stores when launched directly")
-    assert results["mistakes"].reasons[4].startswith("`wrapped_o_h`: expected merge_two(...)[0]")
+    proven_both_ways(tmp_path, CH12, CORRECT, {"mistakes": MISTAKES, "cheats": CHEATS}, {
+        ("cheats", 1): "`counts_h`: expected striped_counts(N, P, tile)",
+        ("cheats", 2): "`splits_h`: not the slices split_plan(batch, kv_heads, keys, sms) picks",
+        ("cheats", 3): "write what torch.nn.functional.scaled_dot_product_attention does",
+        ("cheats", 4): "`launched_o_h`: expected the outputs merge_kernel stores when launched directly",
+        ("mistakes", 4): "`wrapped_o_h`: expected merge_two(...)[0]",
+    }, grade.Limits(timeout=300, cell_timeout=120))

@@ -4,7 +4,10 @@ typical mistakes and cheats score none."""
 
 import sys
 
-from grading_helpers import ROOT, grade_chapter, official_answers, scores_of
+from grading_helpers import (
+    ROOT,
+    proven_both_ways,
+)
 
 sys.path.insert(0, str(ROOT / "tools"))
 import grade
@@ -71,15 +74,9 @@ WRONG = {  # one submission, since each run of this chapter costs seconds: softm
 
 
 def test_chapter_13_full_marks_for_correct_work_none_for_mistakes_or_cheats(tmp_path):
-    subs = {"official": (official_answers(ROOT / CH13), None), "correct": (CORRECT, None),
-            "wrong": (WRONG, None)}
-    results = grade_chapter(tmp_path, CH13, subs, grade.Limits(timeout=300, cell_timeout=120))
-    assert scores_of(results) == {"official": {1: 1, 2: 1, 3: 1, 5: 1}, "correct": {1: 1, 2: 1, 3: 1, 5: 1},
-                                  "wrong": {1: 0, 2: 0, 3: 0, 5: 0}}, {
-        name: r.reasons for name, r in results.items()}
-    why = results["wrong"].reasons
-    assert why[1].startswith("`weights_h`: expected softmax_one(scores)")
-    assert why[2].startswith("your answer uses `band_scores`, `sliding_window_mask`")
-    assert why[3].startswith("`mla_h`: not mla_bytes_per_token's bytes")
-    assert why[5].startswith("RuntimeError: The size of tensor")
-    assert results["official"].ungraded == []  # every graded exercise of the chapter has a hidden test
+    proven_both_ways(tmp_path, CH13, CORRECT, {"wrong": WRONG}, {
+        ("wrong", 1): "`weights_h`: expected softmax_one(scores)",
+        ("wrong", 2): "your answer uses `band_scores`, `sliding_window_mask`",
+        ("wrong", 3): "`mla_h`: not mla_bytes_per_token's bytes",
+        ("wrong", 5): "RuntimeError: The size of tensor",
+    }, grade.Limits(timeout=300, cell_timeout=120))

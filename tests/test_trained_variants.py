@@ -10,21 +10,11 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
 import torch
 import torch.nn.functional as F
 
 from lib import trained
 from lib import variants as vr
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # --------------------------------------------------------------------------------------------------------------
 # Chapter 13: the lookup task, with and without learned sinks
