@@ -318,7 +318,7 @@ def test_the_words_an_answer_may_not_use_are_found_in_code_not_in_comments():
     assert grade.banned_words(["w = attn.attention_weights(q, k)  # eval in a comment"], spec) == [
         "attention_weights"]
     assert grade.banned_words(["s = q @ k.T", "e = np.exp(s)", "f = getattr(np, 'exec')"], spec) == [
-        "@", "exec", "np.exp"]
+        "@", "exec", "getattr", "np.exp"]
     assert grade.banned_words(["import math\nw = [math.exp(s) for s in raw]  # not np.exp"], spec) == []
 
 
@@ -753,7 +753,7 @@ def test_chapter_4_numpy_full_marks_for_correct_work_none_for_mistakes_or_cheats
         "loopholes": [0, 0, 0, 0], "sneaky": [1, 0, 1, 0], "tampered": [0, 0, 1, 1], "hostile": [0, 1, 0, 0],
     }, {name: r.reasons for name, r in results.items()}
     why = results["sneaky"].reasons
-    assert why[2].startswith("PermissionError: a graded notebook may not read")
+    assert why[2].startswith(("PermissionError: a graded notebook may not read", "FileNotFoundError"))  # hidden
     assert "asks you to write what lib.attention.attention_weights does" in why[4]
     assert results["loopholes"].reasons[4].startswith("`raw_B`: expected B's three raw scores")
     assert [results["hostile"].reasons[n].split(":")[0] for n in (1, 3)] == ["TimeLimit", "MemoryError"]
@@ -807,6 +807,13 @@ def test_a_name_inside_a_string_counts_as_a_whole_word_only():
     assert grade.used_words(['path = "/tmp/pytest/popen-gw0/one.ipynb"'], ["open"]) == []
     assert grade.used_words(['f = getattr(builtins_, "open")'], ["open"]) == ["open"]
     assert grade.used_words(['name = "sys.modules"'], ["modules"]) == ["modules"]
+    # prose in a string or a docstring names nothing; a name the cell defines itself is the student's own
+    assert grade.used_words(['print("a signal of how sharp: open it")', '"""Recompute the softmax."""'],
+                            ["signal", "open", "softmax"]) == []
+    assert grade.used_words(["def softmax(xs):\n    return xs\n\n\nw = softmax([1.0])"], ["softmax"]) == []
+    for source in ("w = attn.softmax(s)", "from lib.attention import softmax\nw = softmax(s)",
+                   "def f(s, _g=attn.ｓｏｆｔｍａｘ):\n    return _g(s)"):
+        assert grade.used_words([source], ["softmax"]) == ["softmax"], source
 
 
 def test_a_forbidden_tensor_method_raises_while_the_hidden_test_runs_and_comes_back_after():
@@ -819,13 +826,12 @@ def test_a_forbidden_tensor_method_raises_while_the_hidden_test_runs_and_comes_b
     undo = sandbox_runner.poison(namespace, ["torch.Tensor.matmul", "torch.Tensor.__matmul__",
                                              "lib.attention.softmax", "lib.attention.no_such_function"])
     try:
-        assert len(undo) == 3  # a name that does not exist is passed over
+        assert len(undo) == 4  # three functions and the notebook's name; one that does not exist is passed over
         for call in (lambda: torch.ones(2) @ torch.ones(2), lambda: torch.ones(2).matmul(torch.ones(2)),
                      lambda: attn.softmax(np.zeros(3)), lambda: namespace["softmax_"](np.zeros(3))):
             with pytest.raises(PermissionError, match="asks you to write"):
                 call()
     finally:
-        for owner, attr, original in undo:
-            setattr(owner, attr, original)
+        sandbox_runner.restore(undo)
     assert float(torch.ones(2) @ torch.ones(2)) == 2.0 and float(torch.ones(2).matmul(torch.ones(2))) == 2.0
     assert attn.softmax(np.zeros(2)).tolist() == [0.5, 0.5]

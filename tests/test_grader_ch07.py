@@ -43,28 +43,28 @@ def causal_tflops(heads, n, d):
 
     return tile(block_to) - tile(block_from)''',
     4: '''def tiled_loop_causal(q, k, v, block_q, block_k):
-    q, k, v = (torch.as_tensor(t, dtype=torch.float32) for t in (q, k, v))
+    q, k, v = (np.asarray(t, dtype=np.float32) for t in (q, k, v))
     n, scale = q.shape[0], q.shape[1] ** -0.5
     pieces, computed, masked = [], 0, 0
     for r0 in range(0, n, block_q):
         r1 = min(r0 + block_q, n)
-        m = torch.full((r1 - r0, 1), float("-inf"))
-        total, acc = torch.zeros(r1 - r0, 1), torch.zeros(r1 - r0, v.shape[1])
+        m = np.full((r1 - r0, 1), -np.inf, dtype=np.float32)
+        total, acc = np.zeros((r1 - r0, 1), np.float32), np.zeros((r1 - r0, v.shape[1]), np.float32)
         for c0 in range(0, r1, block_k):  # no key after the block's last query
             c1 = min(c0 + block_k, n)
             s = (q[r0:r1] * scale) @ k[c0:c1].T
             computed += 1
             if c1 - 1 > r0:
-                future = torch.arange(c0, c1)[None, :] > torch.arange(r0, r1)[:, None]
-                s = s.masked_fill(future, float("-inf"))
+                future = np.arange(c0, c1)[None, :] > np.arange(r0, r1)[:, None]
+                s = np.where(future, -np.inf, s)
                 masked += 1
-            m_new = torch.maximum(m, s.amax(1, keepdim=True))
-            p, shrink = torch.exp(s - m_new), torch.exp(m - m_new)
-            total = total * shrink + p.sum(1, keepdim=True)
+            m_new = np.maximum(m, s.max(1, keepdims=True))
+            p, shrink = np.exp(s - m_new), np.exp(m - m_new)
+            total = total * shrink + p.sum(1, keepdims=True)
             acc = acc * shrink + p @ v[c0:c1]
             m = m_new
         pieces.append(acc / total)
-    return torch.cat(pieces), computed, masked''',
+    return list(np.concatenate(pieces)), computed, masked''',
 }
 WRONG = {  # the printed numbers typed in; the first block counted as a rescale; a variable the notebook holds (its
     # head size d) in place of n; the library's attention called instead of the loop
@@ -105,7 +105,8 @@ def test_chapter_7_hidden_inputs_catch_a_loop_that_skips_the_last_querys_own_key
             for name, loop in loops.items():
                 got = dict(zip(("out_h", "computed_h", "masked_h"), loop(*(inputs[k] for k in (
                     "q_h", "k_h", "v_h", "block_q_h", "block_k_h")))))
-                failures[name] += any(grade.compare(k, c, got[k], want[k], got, inputs) for k, c in spec.compare.items())
+                failures[name] += any(grade.compare(k, c, got[k], want[k], got, inputs) for k, c in spec.compare.items()
+                                      if k in got)
         assert failures["official"] == 0
         caught += failures["slipped"] > 0
     assert caught >= 4, caught

@@ -27,6 +27,7 @@ with the reason: which name, what was expected in kind, and the first error in t
 from __future__ import annotations
 
 import argparse
+import atexit
 import concurrent.futures
 import csv
 import dataclasses
@@ -156,37 +157,49 @@ def forbidden_word(dotted: str) -> str:
 
 
 def used_words(sources: list[str], words: list[str]) -> list[str]:
-    """Which of `words` the cells use: a name or attribute, a dotted name, an identifier inside a string, the `@`
-    operator, or a call (`name(`)."""
+    """Which of `words` the cells use: a name or attribute, a dotted name, a string that is a name or a dotted name
+    (`getattr(x, "open")`; prose in a string or a docstring names nothing), the `@` operator, or a call (`name(`).
+    A bare name the cells define themselves (`def softmax(xs)`) is the student's own, not the library's. Identifiers
+    are read as Python reads them (NFKC: `ｓｏｆｔｍａｘ` is `softmax`)."""
     import ast
     import io
     import tokenize
+    import unicodedata
 
     used = set()
     for text in sources:
+        text = unicodedata.normalize("NFKC", text)
         try:
             tokens = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
                       if t.type in (tokenize.NAME, tokenize.OP)]
             tree = ast.parse(text)
         except (tokenize.TokenError, SyntaxError, IndentationError):
             continue  # a cell that does not parse fails in the sandbox, with its own message
-        dotted = {ast.unparse(n) for n in ast.walk(tree) if isinstance(n, (ast.Attribute, ast.Name))}
+        nodes = list(ast.walk(tree))
+        dotted = {ast.unparse(n) for n in nodes if isinstance(n, (ast.Attribute, ast.Name))}
         names = {t.string for t in tokens}
-        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
-        bare = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        attributes = {n.attr for n in nodes if isinstance(n, ast.Attribute)}
+        imported = {part for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for alias in n.names for part in (*alias.name.split("."), alias.asname or "")}
+        own = ({n.name for n in nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+               | {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+               | {n.arg for n in nodes if isinstance(n, ast.arg)}) - attributes - imported
+        strings = [n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and re.fullmatch(r"[A-Za-z_][\w.]*", n.value)]
+        bare = {n.id for n in nodes if isinstance(n, ast.Name)}
         for word in words:
             if word in gs.BUILTINS:  # `eval(...)` is refused, `model.eval()` is not
-                found = word in bare
+                found = word in bare and word not in own
             else:
-                found = word in names or word in dotted or any(d.endswith("." + word) for d in dotted if "." in word)
-            # a name inside a string counts as a whole word only: "/tmp/popen-gw0" does not name `open`
-            in_strings = len(word) > 3 and word.isidentifier() and any(
-                re.search(rf"(?<![A-Za-z0-9_]){re.escape(word)}(?![A-Za-z0-9_])", s) for s in strings)
+                found = (word in names and word not in own) or any(d.endswith("." + word) for d in dotted
+                                                                   if "." in word) or word in dotted - own
+            named = word.isidentifier() or "." in word
+            in_strings = named and any(s == word or s.endswith("." + word) or word in s.split(".") for s in strings)
             if found or in_strings:
                 used.add(word)
-        if "@" in words and any(isinstance(n, ast.MatMult) for n in ast.walk(tree)):
+        if "@" in words and any(isinstance(n, ast.MatMult) for n in nodes):
             used.add("@")
-        calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        calls = {ast.unparse(n.func) for n in nodes if isinstance(n, ast.Call)}
         used.update(w for w in words if w.endswith("(") and w[:-1] in calls)  # "rotary(": that name called
     return sorted(used)
 
@@ -269,16 +282,87 @@ def compare(name: str, check, got, expected, answers: dict, inputs: dict) -> str
 # ---------------------------------------------------------------------------------------------- the sandbox
 
 
-def network_prefix() -> list[str]:
-    """`unshare -rn` (a network namespace with no interface) where the system allows it, else nothing: the
-    sandbox's audit hook refuses sockets either way."""
+# What the sandbox's process sees of the machine, where the system allows user namespaces (`unshare`): no network
+# interface; its own process tree, so it cannot see or signal the grader or any other process (and whatever it starts
+# ends with it); a file system read-only everywhere but its own folder, with the course checkout's tools and history,
+# every submission, the other sandboxes and the seed's folder covered by empty ones. Run by `sh` as process 1 of the
+# new tree, with the paths to cover as arguments, then the runner's command after `--`.
+ISOLATE = r"""
+set -e
+own=$1; work=$2; shift 2
+cd "$own"
+while [ "$1" != "--" ]; do
+    if [ -d "$1" ]; then mount -t tmpfs -o size=16k,mode=000 none "$1" || true
+    elif [ -e "$1" ]; then mount --bind /dev/null "$1" || true; fi
+    shift
+done
+shift
+mount -t tmpfs -o size=16k none "$work"
+mkdir -p "$own"
+mount --no-canonicalize --bind . "$own"
+cd "$own"
+for m in $(awk '{print $2}' /proc/self/mounts | sort -u); do
+    case "$m" in /proc|/proc/*|/sys|/sys/*|/dev|/dev/pts|/dev/pts/*|"$own") continue;; esac
+    mount -o remount,bind,ro "$m" 2>/dev/null || true
+done
+"$@"
+"""
+
+
+def isolation_prefix() -> tuple[list[str], bool]:
+    """The command that isolates a sandbox as ISOLATE says, and True; else `unshare -rn` (no network only) or
+    nothing, and False: the sandbox's audit hook refuses sockets, processes and the course's paths either way."""
     unshare = shutil.which("unshare")
-    if unshare and subprocess.run([unshare, "-rn", "true"], check=False, capture_output=True).returncode == 0:
-        return [unshare, "-rn"]
-    return []
+    if not unshare:
+        return [], False
+    full = [unshare, "-rn", "--pid", "--fork", "--mount-proc", "sh", "-c", ISOLATE, "sh"]
+    with tempfile.TemporaryDirectory(prefix="grade-probe-") as probe:
+        own = pathlib.Path(probe) / "own"
+        own.mkdir()
+        (own / "seen").touch()
+        check = (f'[ -e "{own}/seen" ] && touch "{own}/w" && ! touch "{probe}/x" 2>/dev/null && '
+                 '[ "$(cat /proc/1/comm)" = sh ]')
+        if subprocess.run([*full, str(own), probe, "--", "sh", "-c", check], check=False,
+                          capture_output=True).returncode == 0:
+            return full, True
+    if subprocess.run([unshare, "-rn", "true"], check=False, capture_output=True).returncode == 0:
+        return [unshare, "-rn"], False
+    return [], False
 
 
-NETWORK = None
+ISOLATION: tuple[list[str], bool] | None = None
+WORK_ROOT: pathlib.Path | None = None
+
+
+def work_root() -> pathlib.Path:
+    """The folder that holds every sandbox of this grading run (covered, in each sandbox, by an empty one)."""
+    global WORK_ROOT
+    if WORK_ROOT is None:
+        WORK_ROOT = pathlib.Path(tempfile.mkdtemp(prefix="grade-"))
+        atexit.register(shutil.rmtree, WORK_ROOT, True)
+    return WORK_ROOT
+SECRETS: list[pathlib.Path] = [pathlib.Path.home()]  # further paths no sandbox may see: the instructor's files
+
+
+def covered(deny: list[pathlib.Path]) -> list[pathlib.Path]:
+    """The paths to cover with empty ones: each denied path, or, where Python itself lives inside it (a virtual
+    environment in the checkout), each of its entries but the ones that hold Python."""
+    keep = {pathlib.Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+
+    def expand(path: pathlib.Path) -> list[pathlib.Path]:
+        if not path.exists():
+            return []
+        inside = [k for k in keep if k == path or path in k.parents]
+        if not inside:
+            return [path]
+        if any(k == path for k in inside) or not path.is_dir():
+            return []
+        return [q for child in sorted(path.iterdir()) for q in expand(child)]
+
+    found = []
+    for path in {p.resolve() for p in [*deny, *SECRETS]}:
+        found += [q for q in expand(path) if q not in found]
+    return found
 
 
 @dataclasses.dataclass
@@ -292,9 +376,10 @@ class Limits:
 def sandbox(plan: dict, work: pathlib.Path, deny: list[pathlib.Path], limit: Limits, deadline: float):
     """Run a plan once in a fresh sandbox folder. Yield the runner's messages; stop when it ends or is killed.
     Return (via the last message) how it ended."""
-    global NETWORK
-    if NETWORK is None:
-        NETWORK = network_prefix()
+    global ISOLATION
+    if ISOLATION is None:
+        ISOLATION = isolation_prefix()
+    prefix, isolated = ISOLATION
     folder = pathlib.Path(tempfile.mkdtemp(prefix="student-", dir=work))
     shutil.copytree(ROOT / "lib", folder / "lib", ignore=shutil.ignore_patterns("__pycache__"))
     allow = [folder, *{pathlib.Path(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}]
@@ -304,7 +389,11 @@ def sandbox(plan: dict, work: pathlib.Path, deny: list[pathlib.Path], limit: Lim
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(folder), "MPLBACKEND": "Agg",
            "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "TRITON_CACHE_DIR": str(folder / ".triton"), "MPLCONFIGDIR": str(folder / ".mpl"), "LANG": "C.UTF-8"}
-    command = [*NETWORK, sys.executable, "-I", "-c", RUNNER]
+    python = [sys.executable, "-I", "-c", RUNNER]
+    if isolated:
+        command = [*prefix, str(folder), str(work_root()), *map(str, covered(deny)), "--", *python]
+    else:
+        command = [*prefix, *python]
     process = subprocess.Popen(command, cwd=folder, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -312,7 +401,7 @@ def sandbox(plan: dict, work: pathlib.Path, deny: list[pathlib.Path], limit: Lim
         process.stdin.close()
     except BrokenPipeError:
         pass
-    buffer = b""
+    buffer = bytearray()
     cell_started = time.monotonic()
     ended = "ended"
     try:
@@ -330,8 +419,13 @@ def sandbox(plan: dict, work: pathlib.Path, deny: list[pathlib.Path], limit: Lim
                 if not chunk:
                     break
                 buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
+                if len(buffer) > 80 * 2**20:  # the runner sends at most 64 MB at once
+                    ended = "a message too large"
+                    break
+                start = len(buffer) - len(chunk)  # what came before held no line's end
+                while (end := buffer.find(b"\n", start)) >= 0:
+                    line, start = bytes(buffer[:end]), 0
+                    del buffer[: end + 1]
                     try:
                         message = json.loads(line)
                     except ValueError:
@@ -349,6 +443,7 @@ def sandbox(plan: dict, work: pathlib.Path, deny: list[pathlib.Path], limit: Lim
         shutil.rmtree(folder, ignore_errors=True)
     code = process.returncode
     if ended == "ended" and code not in (0, None):
+        code = -(code - 128) if isolated and code > 128 else code  # `sh` reports a signal N as 128 + N
         ended = {-9: "killed (CPU time or memory limit)", -24: "CPU time limit"}.get(code, f"exit status {code}")
     yield {"ended": ended, "cpu": usage.ru_utime + usage.ru_stime}
 
@@ -379,10 +474,13 @@ def build_plan(nb: dict, edition: dict, exercises: list[ms.Exercise], specs: dic
                     "cells": list(range(start, len(cells))),
                     "inputs": [encode_inputs(inputs, spec) for inputs, _ in hidden[exercise.number]],
                     "answers": spec.answers, "forbidden": [*spec.forbidden, *spec.poison], "harness": spec.harness,
+                    "refused": list(spec.forbidden),
                     "rerun": spec.rerun, "timeout": min(spec.timeout, limit.cell_timeout)}
             continue
         cells.append({"source": mc.source(cell), "name": f"chapter cell {cid}"})
-    return {"cells": cells, "exercises": plan_exercises, "skip": [], "cell_timeout": limit.cell_timeout}
+    trusted = sorted({name for n in plan_exercises for name in specs[n].trusted})
+    return {"cells": cells, "exercises": plan_exercises, "skip": [], "cell_timeout": limit.cell_timeout,
+            "trusted": trusted}
 
 
 def grade(path: pathlib.Path, folder: pathlib.Path, official: Official, seed: int = 0, limit: Limits | None = None,
@@ -419,7 +517,7 @@ def grade(path: pathlib.Path, folder: pathlib.Path, official: Official, seed: in
             owner[n] = int(match.group(1))
     deadline = start + limit.timeout
     cpu = 0.0
-    with tempfile.TemporaryDirectory(prefix="grade-") as work:
+    with tempfile.TemporaryDirectory(prefix="notebook-", dir=work_root()) as work:
         for _attempt in range(len(graded) + 2 if plan["exercises"] else 0):  # nothing to run without a hidden test
             running, hidden_running = None, None
             finished = False
@@ -625,6 +723,11 @@ def main(argv=None) -> int:
         return 2
     print(f"grading {len(paths)} notebooks with seed {seed}" + (f", variant {args.variant}" if args.variant else ""),
           file=sys.stderr)
+    global ISOLATION
+    ISOLATION = isolation_prefix()
+    if not ISOLATION[1]:
+        print("grade: this system does not allow user namespaces (`unshare`): the sandboxes share this machine's "
+              "file system and processes, kept apart by an audit hook only; see instructors.md", file=sys.stderr)
     limit = Limits(args.timeout, args.cell_timeout, args.memory_gb)
     results, unreadable, seen, jobs = [], [], {}, []
     for path in paths:

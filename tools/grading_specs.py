@@ -78,6 +78,7 @@ class Spec:
     draws: int = 1  # sets of hidden inputs: every one must pass
     also: tuple[str, ...] = ()  # further answers the sandbox sends, for a Holds check
     timeout: float = 120  # seconds the hidden test may run in the sandbox
+    trusted: tuple[str, ...] = ()  # what the harness relies on (dotted): put back as it was before any student cell
 
     @property
     def answers(self) -> list[str]:
@@ -94,10 +95,12 @@ ALWAYS_BANNED = ("exec", "eval", "compile", "__import__", "importlib", "globals"
                  "resource", "threading", "multiprocessing", "__main__", "stdin", "fileno", "fdopen", "os.write",
                  "os.read", "dup", "dup2", "mmap", "pdb", "breakpoint", "tb_frame", "f_back", "f_globals", "f_locals",
                  "gi_frame", "cr_frame", "__traceback__", "__subclasses__", "__mro__", "__bases__", "__base__",
-                 "_exit", "shelve", "dill", "cloudpickle", "ptrace", "codecs")
+                 "_exit", "shelve", "dill", "cloudpickle", "ptrace", "codecs", "getattr", "__getattribute__",
+                 "attrgetter", "methodcaller", "pydoc", "pkgutil", "get_field", "Formatter", "torch.ops", "aten",
+                 "__reduce__", "__reduce_ex__", "__self__", "__func__", "__defaults__", "__kwdefaults__")
 # of those, the builtins: refused as names (`eval(...)`), not as attributes (`model.eval()`)
 BUILTINS = ("exec", "eval", "compile", "open", "vars", "globals", "locals", "breakpoint", "__import__", "setattr",
-            "delattr")
+            "delattr", "getattr")
 
 
 def softmax_rows(scores):
@@ -195,7 +198,8 @@ CHAPTER_4 = [
                  "out_B": Close(kind="B's output, two numbers")},
         forbidden=("lib.attention.attention_weights", "lib.attention.attention", "lib.attention.softmax",
                    "lib.attention.scores"),
-        banned=("attn", "torch", "scipy", "np.exp", "np.dot", "np.matmul", "np.einsum", "softmax", "@"),
+        banned=("attn", "torch", "scipy", "np.exp", "np.dot", "np.matmul", "np.einsum", "dot", "matmul", "einsum",
+                "tensordot", "inner", "@"),
     ),
 ]
 
@@ -336,7 +340,7 @@ CHAPTER_9 = [
     Spec(
         label="flash-kernel/recomputation", draws=3, title="Write recomputation yourself",
         make=_ex9_2_make, expect=_ex9_2_expect, torch_inputs=("q_h", "k_h", "v_h", "do_h"),
-        harness=HARNESS_9_2, rerun=False,
+        harness=HARNESS_9_2, rerun=False, trusted=("torch.autograd.graph.saved_tensors_hooks",),
         compare={"o_h": Close(1e-6, 1e-8, "the output, (L, E)"), "dq_h": Close(1e-6, 1e-8, "dq, (L, E)"),
                  "dk_h": Close(1e-6, 1e-8, "dk, (S, E)"), "dv_h": Close(1e-6, 1e-8, "dv, (S, E)"),
                  "saved_h": Holds(_no_square, "no (L, S) tensor saved for the backward")},
@@ -358,6 +362,7 @@ CHAPTER_9 = [
         label="flash-kernel/lab-forward", title="The lab: FlashAttention's forward pass", draws=4,
         make=_ex9_4_make, expect=lambda inputs, params: {"o_h": None}, torch_inputs=("q_h", "k_h", "v_h"),
         harness=HARNESS_9_4, rerun=False, also=("lse_h", "moved_h"),
+        trusted=("lib.lab.launch", "lib.traffic.count", "lib.traffic.Traffic.bytes"),
         compare={"o_h": Holds(_ex9_4_verdict, "O and LSE within the lab's tolerances of attention, the future "
                                              "tiles skipped, at most 1.1x the course kernel's bytes")},
         forbidden=("torch.matmul", "torch.Tensor.matmul", "torch.Tensor.__matmul__", "torch.mm", "torch.einsum",

@@ -23,8 +23,15 @@ PLAN: dict = {}
 CHANNEL = None
 
 
+LARGEST = 64 * 2**20  # characters of one message: an answer larger than this is refused
+
+
 def send(**message):
-    CHANNEL.write(json.dumps(message, allow_nan=True) + "\n")
+    text = json.dumps(message, allow_nan=True)
+    if len(text) > LARGEST:
+        text = json.dumps({k: v for k, v in message.items() if k != "answers"} | {
+            "error": f"your answers are too large to send back ({len(text) / 2**20:.0f} MB)"})
+    CHANNEL.write(text + "\n")
 
 
 DENY: tuple = ()
@@ -33,6 +40,7 @@ REFUSED = {"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spa
            "pty.spawn", "socket.connect", "socket.bind", "socket.getaddrinfo", "sys.addaudithook"}
 started = False
 TIMED_OUT = set()  # the cells that ran past their limit
+TRUSTED = []  # (owner, name, value) of what the hidden tests rely on, from before the first student cell
 
 
 def audit(event, args):
@@ -125,22 +133,31 @@ def encode(value, depth=0):
     return {"__type__": type(value).__name__}
 
 
-def poison(namespace, dotted_names):
-    """Replace each library function an exercise may not call, in its module and wherever the namespace holds it."""
+def owner_of(dotted):
+    """Where a dotted name lives: "torch.Tensor.matmul" is the class torch.Tensor's "matmul"; (None, None) if
+    nowhere."""
     import importlib
 
-    def owner_of(dotted):  # "torch.Tensor.matmul": the class torch.Tensor and "matmul"
-        parts = dotted.split(".")
-        for cut in range(len(parts) - 1, 0, -1):
-            try:
-                owner = importlib.import_module(".".join(parts[:cut]))
-            except ImportError:
-                continue
-            for part in parts[cut:-1]:
-                owner = getattr(owner, part, None)
-            return (owner, parts[-1]) if owner is not None and hasattr(owner, parts[-1]) else (None, None)
-        return None, None
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:-1]:
+            owner = getattr(owner, part, None)
+        return (owner, parts[-1]) if owner is not None and hasattr(owner, parts[-1]) else (None, None)
+    return None, None
 
+
+def snapshot(dotted_names):
+    """What the hidden tests rely on, as it is before any student cell runs, to be put back before each test."""
+    found = [(*owner_of(dotted), None) for dotted in dotted_names]
+    return [(owner, attr, getattr(owner, attr)) for owner, attr, _ in found if owner is not None]
+
+
+def poison(namespace, dotted_names):
+    """Replace each library function an exercise may not call, in its module and wherever the namespace holds it."""
     undo = []
     for dotted in dotted_names:
         module, attr = owner_of(dotted)
@@ -153,10 +170,39 @@ def poison(namespace, dotted_names):
 
         undo.append((module, attr, original))
         setattr(module, attr, refused)
-        for key, value in list(namespace.items()):
+        for key, value in list(namespace.items()):  # the notebook's names, and what they hold one level down
             if value is original:
+                undo.append((namespace, key, original))
                 namespace[key] = refused
+            elif isinstance(value, (list, dict)):
+                for k in list(range(len(value)) if isinstance(value, list) else value):
+                    if value[k] is original:
+                        undo.append((value, k, original))
+                        value[k] = refused
+            elif callable(value) and hasattr(value, "__defaults__"):  # a function's defaults and closure
+                for kind in ("__defaults__", "__kwdefaults__"):
+                    held = getattr(value, kind, None) or ()
+                    if any(v is original for v in (held.values() if isinstance(held, dict) else held)):
+                        swapped = ({k: refused if v is original else v for k, v in held.items()}
+                                   if isinstance(held, dict) else tuple(refused if v is original else v for v in held))
+                        undo.append((value, kind, held))
+                        setattr(value, kind, swapped)
+                for cell in getattr(value, "__closure__", None) or ():
+                    try:
+                        if cell.cell_contents is original:
+                            undo.append((cell, "cell_contents", original))
+                            cell.cell_contents = refused
+                    except ValueError:  # an empty cell
+                        pass
     return undo
+
+
+def restore(undo):
+    for owner, key, original in reversed(undo):
+        if isinstance(owner, (list, dict)):
+            owner[key] = original
+        else:
+            setattr(owner, key, original)
 
 
 def hidden(number, exercise, namespace):
@@ -168,6 +214,8 @@ def hidden(number, exercise, namespace):
         send(hidden=number, error="not run: your cell ran past its time limit")
         return
     for inputs in exercise["inputs"]:
+        for owner, attr, value in TRUSTED:  # whatever the student's cells did to them
+            setattr(owner, attr, value)
         before = dict(namespace)
         for name, value in inputs.items():
             namespace[name] = decode(value)
@@ -188,8 +236,7 @@ def hidden(number, exercise, namespace):
                 return
             sent.append({n: encode(namespace[n]) for n in exercise["answers"]})
         finally:
-            for module, attr, original in undo:
-                setattr(module, attr, original)
+            restore(undo)
             added = {name: value for name, value in namespace.items() if name not in before}
             namespace.clear()
             namespace.update(before)
@@ -229,12 +276,21 @@ def main():
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     exercises = {int(k): v for k, v in PLAN["exercises"].items()}
     last_cell = {v["cells"][-1]: k for k, v in exercises.items() if v["cells"]}
+    first_cell = {v["cells"][0]: k for k, v in exercises.items() if v["cells"]}
     started = True
+    refusing = []  # while an exercise's own cells run, the library functions it asks the student to write raise
     for index, cell in enumerate(PLAN["cells"]):
         if index in PLAN["skip"]:
             continue
+        if index in first_cell and not TRUSTED:
+            TRUSTED[:] = snapshot(PLAN.get("trusted", []))
+        if index in first_cell:
+            refusing = poison(namespace, exercises[first_cell[index]].get("refused", []))
         send(start=index)
         error = run_cell(cell["source"], cell["name"], namespace, PLAN["cell_timeout"])
+        if index in last_cell:
+            restore(refusing)
+            refusing = []
         if error and error.startswith("TimeLimit"):
             TIMED_OUT.add(index)
         send(done=index, error=error)

@@ -123,7 +123,8 @@ SPECS = [
         harness="lse_row_h = log_sum_exp(row_h)\nlse_batch_h = log_sum_exp(batch_h)\n",
         compare={"lse_row_h": Close(1e-6, 1e-6, "log_sum_exp(s) of one row of scores in the thousands (a number)"),
                  "lse_batch_h": Close(1e-6, 1e-6, "log_sum_exp(s) of a (2, 3, m) array (one number per row)")},
-        forbidden=("torch.logsumexp", "numpy.logaddexp"), banned=("scipy",),
+        forbidden=("torch.logsumexp", "numpy.logaddexp", "torch.special.logsumexp", "torch.Tensor.logsumexp"),
+        banned=("scipy",),
     ),
     Spec(
         label="token-by-token/sharper-and-flatter", title="Sharper and flatter", draws=2,

@@ -56,6 +56,11 @@ def _uniform_checks(answers, inputs):
     for x, dim in ((one, 1), (many, d)):
         if abs(x.var() / dim - 1) > 0.06 or abs(x.mean()) > 0.06 * math.sqrt(dim):
             return f"`uniform_dots`: at d_k = {dim}, the samples' mean or variance is not that of q·k"
+    # at d_k = 1, q·k is a product of two uniform numbers, which piles up near 0: P(|qk| < 0.1) = (1 + ln 30) / 30,
+    # about 0.147, against 0.080 for a normal number of the same variance (one standard error here: 0.0025)
+    near_zero = float((np.abs(one) < 0.1).mean())
+    if abs(near_zero - (1 + math.log(30)) / 30) > 0.015:
+        return "`uniform_dots`: at d_k = 1, the samples are not spread as a product of two uniform components"
     return _fresh(many, again, "uniform_dots")
 
 
@@ -212,7 +217,7 @@ CHAPTER_3 = [
                                                 "Jacobians would not fit in memory)")},
         poison=("torch.autograd.backward", "torch.autograd.grad", "torch.autograd.functional.jacobian",
                 "torch.autograd.functional.vjp", "torch.func.vjp", "torch.func.jacrev", "torch.func.grad"),
-        banned=("softmax_jacobian",),
+        forbidden=("torch._softmax_backward_data",), banned=("softmax_jacobian",),
     ),
 ]
 

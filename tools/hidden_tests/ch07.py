@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from grading_specs import Close, Spec, Whole, softmax_rows
+from grading_specs import Close, Holds, Spec, Whole, softmax_rows
 
 # ------------------------------------------------------------------ exercise 1, scores and FLOPs of one layer
 
@@ -71,7 +71,21 @@ def _causal_make(rng, params):
     return {"q_h": rng.standard_normal((n, E)).astype(np.float32),
             "k_h": rng.standard_normal((n, E)).astype(np.float32),
             "v_h": rng.standard_normal((n, E)).astype(np.float32),
-            "block_q_h": block_q, "block_k_h": block_k}
+            "block_q_h": block_q, "block_k_h": block_k,
+            **{f"{x}_big": rng.standard_normal((BIG, 8)).astype(np.float32) for x in "qkv"}}
+
+
+BIG = 1200  # a sequence whose (n, n) scores a loop over tiles never holds at once
+
+
+def _small_peak(answers, inputs):
+    peak = answers.get("big_peak_h")
+    if not isinstance(peak, (int, float)) or peak <= 0:
+        return "the memory your loop used could not be measured"
+    if peak > BIG * BIG:  # a quarter of the float32 (n, n) scores
+        return (f"on n = {BIG}, your loop held {peak / 2**20:.1f} MB at its peak: the scores of all the tiles at "
+                "once, not one tile at a time")
+    return None
 
 
 def _causal_expect(i, p):
@@ -83,8 +97,21 @@ def _causal_expect(i, p):
     s[np.triu(np.ones((n, n), dtype=bool), 1)] = -np.inf
     # a computed tile needs the mask when one of its keys lies after one of its queries
     masked = sum(min(j + bk, n) - 1 > i0 for i0 in range(0, n, bq) for j in range(0, min(i0 + bq, n), bk))
+    qb, kb, vb = (i[f"{x}_big"].astype(np.float64) for x in "qkv")
+    sb = qb @ kb.T / math.sqrt(8)
+    sb[np.triu(np.ones((BIG, BIG), dtype=bool), 1)] = -np.inf
     return {"out_h": softmax_rows(s) @ v, "computed_h": tiles.tile_count(n, n, (bq, bk), causal=True),
-            "masked_h": masked}
+            "masked_h": masked, "big_out_h": softmax_rows(sb) @ vb, "big_peak_h": None}
+
+
+HARNESS_TILES = """\
+import tracemalloc as _tracemalloc
+out_h, computed_h, masked_h = tiled_loop_causal(q_h, k_h, v_h, block_q_h, block_k_h)
+_tracemalloc.start()
+big_out_h = tiled_loop_causal(q_big, k_big, v_big, 64, 64)[0]
+big_peak_h = _tracemalloc.get_traced_memory()[1]
+_tracemalloc.stop()
+"""
 
 
 SPECS = [
@@ -115,13 +142,16 @@ SPECS = [
     Spec(
         label="complexity-and-tiling/causal-tiles", title="Skipping the future tiles", draws=3,
         make=_causal_make, expect=_causal_expect, rerun=False,
-        harness="out_h, computed_h, masked_h = tiled_loop_causal(q_h, k_h, v_h, block_q_h, block_k_h)\n",
+        harness=HARNESS_TILES,
         compare={"out_h": Close(1e-4, 1e-5, "the causal attention output, (n, Ev), from your own loop (not the "
                                            "chapter's tiled_loop)"),
                  "computed_h": Whole("the number of tiles computed"),
-                 "masked_h": Whole("the number of computed tiles that cross the diagonal")},
+                 "masked_h": Whole("the number of computed tiles that cross the diagonal"),
+                 "big_out_h": Close(1e-4, 1e-5, f"the output on n = {BIG} with blocks of 64"),
+                 "big_peak_h": Holds(_small_peak, f"on n = {BIG}, at most a quarter of the (n, n) scores' memory "
+                                                  "held at once (NumPy's allocations, counted)")},
         forbidden=("lib.attention.attention", "lib.attention.attention_weights", "lib.tiles.tiled_attention",
                    "lib.tiles.tile_count", "torch.nn.functional.scaled_dot_product_attention"),
-        banned=("tiled_loop",),
+        banned=("tiled_loop", "torch", "tracemalloc"),
     ),
 ]
