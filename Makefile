@@ -10,14 +10,15 @@ BUILD_FLAGS := --warningiserror --keep-going
 export PYTHONPATH := $(CURDIR)
 
 .PHONY: measure bench-gpu book test test-lib test-notebooks test-notebooks-other-cpu test-book test-browser lint notebooks colab
-.PHONY: test-colab test-in-order
+.PHONY: test-colab test-in-order test-beside test-grader
 .PHONY: bench lock clean help models
 
 help:
 	@echo "make book       build the HTML book into _build/html"
 	@echo "make test       lint, library tests, strict nbval over every chapter and the guide (twice: on this CPU's"
 	@echo "                arithmetic and on another), the book build, the browser check (with axe-core from npm),"
-	@echo "                and test-colab"
+	@echo "                test-colab, and test-grader"
+	@echo "make test-grader the grader run whole on every chapter's solutions, right answers, mistakes and cheats"
 	@echo "make test-colab every Colab edition run to its end on each package set in requirements/ (Colab's GPU and"
 	@echo "                CPU runtimes, the course's floors), each in its own environment under .venv-sets/"
 	@echo "make notebooks  re-run every chapter and the guide, storing their outputs (after changing one or the library)"
@@ -47,9 +48,13 @@ book: $(STAMP)
 	@echo "The book is at $(CURDIR)/_build/html/index.html"
 
 # test-colab runs beside the rest (make -j2): its environments download and unpack while the library tests compute,
-# and its notebooks run one at a time. The rest runs in order, as before.
+# and its notebooks run one at a time; then, on the same side, the grader's tests on whole chapters. The rest runs in
+# order, as before.
 test: $(STAMP)
-	$(MAKE) -j2 --output-sync=line test-colab test-in-order
+	$(MAKE) -j2 --output-sync=line test-beside test-in-order
+
+test-beside: $(STAMP)
+	$(MAKE) -j1 test-colab test-grader
 
 test-in-order: $(STAMP)
 	$(MAKE) -j1 lint test-lib test-notebooks test-notebooks-other-cpu test-book test-browser
@@ -59,7 +64,11 @@ lint: $(STAMP)
 
 # loadfile: a file stays on one worker, so the compile report compiles each architecture once, not once per worker
 test-lib: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser" tests
+	$(BIN)/python -m pytest -n 2 --dist loadfile -m "not browser and not grader" tests
+
+# each test grades a class of notebooks, two sandboxes at a time
+test-grader: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -m grader tests
 
 test-notebooks: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -n 2 --dist loadfile --nbval --nbval-current-env \

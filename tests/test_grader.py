@@ -730,6 +730,7 @@ CH10_MISTAKES = {  # `repeat` for `repeat_interleave`; train()'s 4-tuple used as
 CH4 = "chapters/04_worked_example.ipynb"
 
 
+@pytest.mark.grader
 def test_chapter_4_numpy_full_marks_for_correct_work_none_for_mistakes_or_cheats(tmp_path):
     every = official_answers(ROOT / CH4)
     subs = {
@@ -763,6 +764,7 @@ def test_chapter_4_numpy_full_marks_for_correct_work_none_for_mistakes_or_cheats
 CH9 = "chapters/09_flash_kernel.ipynb"
 
 
+@pytest.mark.grader
 def test_chapter_9_triton_and_autograd_full_marks_for_correct_work_none_for_mistakes_or_cheats(tmp_path):
     subs = {
         "official": (official_answers(ROOT / CH9), None),
@@ -781,6 +783,7 @@ def test_chapter_9_triton_and_autograd_full_marks_for_correct_work_none_for_mist
     assert results["official"].ungraded == []  # every exercise of the chapter has a hidden test
 
 
+@pytest.mark.grader
 def test_chapters_10_and_11_training_full_marks_for_correct_work_none_for_cheats(tmp_path):
     folder = tmp_path / "handed-in"
     cheats = by_chapter(CH10_CHEATS)

@@ -13,6 +13,8 @@ from grading_helpers import ROOT, grade_chapter, scores_of, submission, submit
 sys.path.insert(0, str(ROOT / "tools"))
 import grade
 
+pytestmark = pytest.mark.grader  # whole chapters in the sandbox: make test-grader
+
 LIMIT = grade.Limits(timeout=300, cell_timeout=60, memory_gb=4, grace=5)
 CH1, CH3 = "chapters/01_token_by_token.ipynb", "chapters/03_why_sqrt_dk.ipynb"
 CH4 = "chapters/04_worked_example.ipynb"
@@ -184,6 +186,7 @@ def test_nothing_outside_the_sandbox_is_read_written_or_left_running(tmp_path):
 import os
 import sys
 import torch
+
 _out = {str(outside)!r}
 os.mkdir(_out + "/made-by-the-sandbox")
 _p = {str(course)!r}

@@ -5,10 +5,15 @@ numbers, variables the notebook holds and the library function the exercise asks
 import pathlib
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 import grade
 from grading_helpers import proven_both_ways
+
+pytestmark = pytest.mark.grader  # whole chapters in the sandbox: make test-grader
+
 
 CH2 = "chapters/02_matrix_form.ipynb"
 

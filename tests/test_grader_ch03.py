@@ -6,11 +6,15 @@ import math
 import sys
 
 import numpy as np
+import pytest
 from grading_helpers import ROOT, proven_both_ways
 
 sys.path.insert(0, str(ROOT / "tools"))
 import grade
 from hidden_tests import ch03
+
+pytestmark = pytest.mark.grader  # whole chapters in the sandbox: make test-grader
+
 
 CH3 = "chapters/03_why_sqrt_dk.ipynb"
 

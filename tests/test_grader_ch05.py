@@ -5,10 +5,14 @@ written and variables the notebook holds score 0."""
 
 import sys
 
+import pytest
 from grading_helpers import ROOT, proven_both_ways
 
 sys.path.insert(0, str(ROOT / "tools"))
 import grade
+
+pytestmark = pytest.mark.grader  # whole chapters in the sandbox: make test-grader
+
 
 CH5 = "chapters/05_masking_and_cross_attention.ipynb"
 

@@ -2,7 +2,11 @@
 solutions and answers written another way get full marks; the library called instead of SDPA, a variable the
 notebook holds, numbers typed in and typical slips score 0 on the exercise they touch."""
 
+import pytest
 from grading_helpers import grade, proven_both_ways
+
+pytestmark = pytest.mark.grader  # whole chapters in the sandbox: make test-grader
+
 
 CH6 = "chapters/06_attention_module.ipynb"
 

@@ -6,6 +6,7 @@ keep the test's time: the chapter's own measurements run in every sandbox)."""
 import math
 
 import numpy as np
+import pytest
 from grading_helpers import (
     ROOT,
     grade,
@@ -13,6 +14,8 @@ from grading_helpers import (
     proven_both_ways,
     text,
 )
+
+pytestmark = pytest.mark.grader  # whole chapters in the sandbox: make test-grader
 
 CH7 = "chapters/07_complexity_and_tiling.ipynb"
 

@@ -3,6 +3,7 @@ solutions and answers written apart from them score every exercise, typical mist
 
 import sys
 
+import pytest
 from grading_helpers import (
     ROOT,
     proven_both_ways,
@@ -10,6 +11,9 @@ from grading_helpers import (
 
 sys.path.insert(0, str(ROOT / "tools"))
 import grade
+
+pytestmark = pytest.mark.grader  # whole chapters in the sandbox: make test-grader
+
 
 CH8 = "chapters/08_gpu_cost.ipynb"
 

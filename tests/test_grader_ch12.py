@@ -3,7 +3,10 @@ solutions and answers written another way (other loops, NumPy, a list, float32, 
 typical mistakes, numbers typed in, a variable the notebook holds, the library called instead of the recomputation
 written, and an empty kernel behind a PyTorch wrapper score 0."""
 
+import pytest
 from grading_helpers import grade, proven_both_ways
+
+pytestmark = pytest.mark.grader  # whole chapters in the sandbox: make test-grader
 
 CH12 = "chapters/12_one_merge.ipynb"
 

@@ -4,6 +4,7 @@ typical mistakes and cheats score none."""
 
 import sys
 
+import pytest
 from grading_helpers import (
     ROOT,
     proven_both_ways,
@@ -11,6 +12,9 @@ from grading_helpers import (
 
 sys.path.insert(0, str(ROOT / "tools"))
 import grade
+
+pytestmark = pytest.mark.grader  # whole chapters in the sandbox: make test-grader
+
 
 CH13 = "chapters/13_variants.ipynb"
 

@@ -42,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -90,6 +91,10 @@ class Official:
 
     def edition(self, doc: str) -> tuple[dict, list[ms.Exercise], dict]:
         """The student edition, its exercises, and exercise number -> the spec that grades it."""
+        with PARSING:  # the edition parses the chapter's cells
+            return self._edition(doc)
+
+    def _edition(self, doc: str) -> tuple[dict, list[ms.Exercise], dict]:
         if doc not in self._cache:
             nb, exercises = ms.edition(self.book, self.by_doc[doc], self.specs)
             original = {c["id"]: mc.source(c) for c in mc.read_notebook(self.by_doc[doc])["cells"]}
@@ -156,6 +161,11 @@ def forbidden_word(dotted: str) -> str:
     return parts[-1] if len(parts[-1]) >= 5 else ".".join(parts[-2:])
 
 
+# CPython 3.11 builds an AST with a recursion counter that two threads parsing at once can corrupt ("AST constructor
+# recursion depth mismatch"): the grader's threads (-j) parse one at a time
+PARSING = threading.RLock()
+
+
 def used_words(sources: list[str], words: list[str]) -> list[str]:
     """Which of `words` the cells use: a name or attribute, a dotted name, a string that is a name or a dotted name
     (`getattr(x, "open")`; prose in a string or a docstring names nothing), the `@` operator, or a call (`name(`).
@@ -172,7 +182,8 @@ def used_words(sources: list[str], words: list[str]) -> list[str]:
         try:
             tokens = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
                       if t.type in (tokenize.NAME, tokenize.OP)]
-            tree = ast.parse(text)
+            with PARSING:
+                tree = ast.parse(text)
         except (tokenize.TokenError, SyntaxError, IndentationError):
             continue  # a cell that does not parse fails in the sandbox, with its own message
         nodes = list(ast.walk(tree))
