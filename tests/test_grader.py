@@ -810,6 +810,7 @@ def test_a_name_inside_a_string_counts_as_a_whole_word_only():
     assert grade.used_words(['path = "/tmp/pytest/popen-gw0/one.ipynb"'], ["open"]) == []
     assert grade.used_words(['f = getattr(builtins_, "open")'], ["open"]) == ["open"]
     assert grade.used_words(['name = "sys.modules"'], ["modules"]) == ["modules"]
+    assert grade.used_words(["from os import write as _w\n_w(3, b'{}')"], ["os.write"]) == ["os.write"]
     # prose in a string or a docstring names nothing; a name the cell defines itself is the student's own
     assert grade.used_words(['print("a signal of how sharp: open it")', '"""Recompute the softmax."""'],
                             ["signal", "open", "softmax"]) == []

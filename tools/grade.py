@@ -187,7 +187,9 @@ def used_words(sources: list[str], words: list[str]) -> list[str]:
         except (tokenize.TokenError, SyntaxError, IndentationError):
             continue  # a cell that does not parse fails in the sandbox, with its own message
         nodes = list(ast.walk(tree))
-        dotted = {ast.unparse(n) for n in nodes if isinstance(n, (ast.Attribute, ast.Name))}
+        dotted = {ast.unparse(n) for n in nodes if isinstance(n, (ast.Attribute, ast.Name))} | {
+            f"{n.module}.{alias.name}" for n in nodes if isinstance(n, ast.ImportFrom) and n.module
+            for alias in n.names}  # `from os import write as w` names os.write
         names = {t.string for t in tokens}
         attributes = {n.attr for n in nodes if isinstance(n, ast.Attribute)}
         imported = {part for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom))
