@@ -297,9 +297,10 @@ def compare(name: str, check, got, expected, answers: dict, inputs: dict) -> str
 
 # What the sandbox's process sees of the machine, where the system allows user namespaces (`unshare`): no network
 # interface; its own process tree, so it cannot see or signal the grader or any other process (and whatever it starts
-# ends with it); a file system read-only everywhere but its own folder, with the course checkout's tools and history,
-# every submission, the other sandboxes and the seed's folder covered by empty ones. Run by `sh` as process 1 of the
-# new tree, with the paths to cover as arguments, then the runner's command after `--`.
+# ends with it); a file system read-only everywhere but its own folder, with the paths `covered` lists (the course
+# checkout and the home folder but the Python environment, every submission) and this run's other sandboxes covered
+# by empty ones. Run by `sh` as process 1 of the new tree, with the paths to cover as arguments, then the runner's
+# command after `--`.
 ISOLATE = r"""
 set -e
 own=$1; work=$2; shift 2
@@ -354,6 +355,8 @@ def work_root() -> pathlib.Path:
         WORK_ROOT = pathlib.Path(tempfile.mkdtemp(prefix="grade-"))
         atexit.register(shutil.rmtree, WORK_ROOT, True)
     return WORK_ROOT
+
+
 SECRETS: list[pathlib.Path] = [pathlib.Path.home()]  # further paths no sandbox may see: the instructor's files
 
 

@@ -9,7 +9,8 @@ process. Nothing in this process decides a score.
 
 Before any cell runs, an audit hook refuses to open the paths named in the plan (the course checkout, the submissions),
 to start processes (also those multiprocessing starts, which raise no audit event) and to open network sockets;
-the grader adds the rlimits and, where the system allows, a network namespace of its own.
+the grader adds the rlimits and, where the system allows, namespaces of its own (no network, its own process tree,
+a read-only file system: tools/grade.py, ISOLATE).
 """
 
 import json
@@ -152,8 +153,7 @@ def owner_of(dotted):
 
 def snapshot(dotted_names):
     """What the hidden tests rely on, as it is before any student cell runs, to be put back before each test."""
-    found = [(*owner_of(dotted), None) for dotted in dotted_names]
-    return [(owner, attr, getattr(owner, attr)) for owner, attr, _ in found if owner is not None]
+    return [(owner, attr, getattr(owner, attr)) for owner, attr in map(owner_of, dotted_names) if owner is not None]
 
 
 def poison(namespace, dotted_names):
